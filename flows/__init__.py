@@ -1,0 +1,1 @@
+"""Prefect flows that chain the pipeline stages."""

@@ -1,0 +1,178 @@
+"""Parquet schemas, validating readers, and batch collation.
+
+Every dataset the pipeline passes between stages is a Parquet file with one of the schemas
+below. Readers check every row, because a null or empty text found mid-training wastes the run:
+they fail at once with the file, the row index and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor
+
+from rlhf.atomic import atomic_path
+from rlhf.tokenizer import Tokenizer
+
+_META = [pa.field("task", pa.string()), pa.field("source", pa.string())]
+
+SFT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), pa.field("response", pa.string()), *_META])
+PREFERENCE_SCHEMA = pa.schema(
+    [
+        pa.field("prompt", pa.string()),
+        pa.field("chosen", pa.string()),
+        pa.field("rejected", pa.string()),
+        *_META,
+    ]
+)
+RANKED_SCHEMA = pa.schema(
+    [
+        pa.field("prompt", pa.string()),
+        pa.field("responses", pa.list_(pa.string())),
+        pa.field("ranks", pa.list_(pa.int32())),
+        *_META,
+    ]
+)
+PROMPT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), *_META])
+
+_TEXT_FIELDS = {"prompt", "response", "chosen", "rejected"}
+IGNORE_INDEX = -100
+
+
+class DataError(ValueError):
+    """A dataset row that does not match its schema."""
+
+
+def _row_error(path: str | Path, row: int, field: str, problem: str) -> DataError:
+    return DataError(f"{path}: row {row}, field '{field}': {problem}")
+
+
+def validate_rows(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: str | Path) -> None:
+    """Raise DataError for the first row that breaks the schema's rules."""
+    for index, row in enumerate(rows):
+        for field in schema:
+            name = field.name
+            if name not in row:
+                raise _row_error(path, index, name, "missing")
+            value = row[name]
+            if value is None:
+                raise _row_error(path, index, name, "is null")
+            if pa.types.is_string(field.type):
+                if not isinstance(value, str):
+                    raise _row_error(path, index, name, f"expected text, got {value!r}")
+                if name in _TEXT_FIELDS and not value.strip():
+                    raise _row_error(path, index, name, "is empty")
+            elif pa.types.is_list(field.type) and (
+                not isinstance(value, (list, tuple)) or not value
+            ):
+                raise _row_error(path, index, name, f"expected a non-empty list, got {value!r}")
+        if schema is RANKED_SCHEMA:
+            _validate_ranking(row, index, path)
+
+
+def _validate_ranking(row: dict[str, Any], index: int, path: str | Path) -> None:
+    responses, ranks = row["responses"], row["ranks"]
+    if len(responses) < 2:
+        raise _row_error(path, index, "responses", "needs at least 2 responses to rank")
+    if len(ranks) != len(responses):
+        raise _row_error(
+            path, index, "ranks", f"has {len(ranks)} ranks for {len(responses)} responses"
+        )
+    for position, text in enumerate(responses):
+        if not isinstance(text, str) or not text.strip():
+            raise _row_error(path, index, "responses", f"item {position} is empty or not text")
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+        raise _row_error(path, index, "ranks", f"expected non-negative integers, got {ranks!r}")
+
+
+def write_rows(path: str | Path, rows: Sequence[dict[str, Any]], schema: pa.Schema) -> None:
+    """Validate and write rows atomically as Parquet."""
+    validate_rows(rows, schema, path)
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_rows(path: str | Path, schema: pa.Schema) -> list[dict[str, Any]]:
+    """Read and validate a Parquet file; extra columns are dropped, types are checked."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"{path}: not a readable Parquet file: {exc}") from exc
+    for field in schema:
+        if field.name not in table.column_names:
+            raise DataError(f"{path}: row 0, field '{field.name}': column missing")
+        actual = table.schema.field(field.name).type
+        if not _compatible(actual, field.type):
+            raise DataError(
+                f"{path}: field '{field.name}': column has type {actual}, expected {field.type}"
+            )
+    rows = table.select(schema.names).to_pylist()
+    validate_rows(rows, schema, path)
+    return rows
+
+
+def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if pa.types.is_list(expected):
+        return pa.types.is_list(actual) and _compatible(actual.value_type, expected.value_type)
+    if pa.types.is_integer(expected):
+        return pa.types.is_integer(actual)
+    return actual == expected or (pa.types.is_string(expected) and pa.types.is_large_string(actual))
+
+
+# --- tokenization and collation --------------------------------------------------------------
+@dataclass(frozen=True)
+class Example:
+    """One chat-formatted sequence: `<|prompt|> p <|response|> r <|endoftext|>`."""
+
+    ids: list[int]
+    response_start: int  # index of the first response token in `ids`
+
+
+def encode_example(tokenizer: Tokenizer, prompt: str, response: str, block_size: int) -> Example:
+    """Tokenize and fit into `block_size` tokens.
+
+    Truncation cuts the prompt from the left (the question sits at its end) and the response
+    from the right, always keeps the end token, and gives the response at least half the
+    budget, so an overlong prompt never crowds the response out.
+    """
+    prompt_ids = tokenizer.encode(prompt)
+    response_ids = tokenizer.encode(response)
+    budget = block_size - 3  # <|prompt|>, <|response|>, <|endoftext|>
+    if budget < 2:
+        raise ValueError(f"block_size={block_size} is too small for the chat template")
+    response_len = min(len(response_ids), max(budget - len(prompt_ids), budget // 2))
+    prompt_len = min(len(prompt_ids), budget - response_len)
+    prompt_part = prompt_ids[len(prompt_ids) - prompt_len :]
+    ids = [
+        tokenizer.prompt_id,
+        *prompt_part,
+        tokenizer.response_id,
+        *response_ids[:response_len],
+        tokenizer.eos_id,
+    ]
+    return Example(ids=ids, response_start=len(prompt_part) + 2)
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-padded inputs [B, T] and next-token targets [B, T].
+
+    Targets are IGNORE_INDEX except on response tokens and the end token, so the loss teaches
+    the answer and when to stop, never the prompt. Right padding keeps the fast causal path:
+    real tokens never attend to the pads that follow them.
+    """
+    width = max(len(e.ids) for e in examples) - 1
+    inputs = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    for row, example in enumerate(examples):
+        ids = torch.tensor(example.ids, dtype=torch.long)
+        inputs[row, : len(ids) - 1] = ids[:-1]
+        start = example.response_start - 1  # target at t predicts token t + 1
+        targets[row, start : len(ids) - 1] = ids[example.response_start :]
+    return inputs, targets

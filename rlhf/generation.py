@@ -1,0 +1,171 @@
+"""Batched sampling with a KV cache over left-padded prompts.
+
+Left padding puts every prompt's last token in the same column, so one forward per step serves
+the whole batch and each row's cache grows by one token. Finished rows keep emitting the pad id,
+which is distinct from the end token: a model trained with pad == end learns never to stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlhf.model import GPT, KVCache
+from rlhf.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_k: int = 0  # 0 keeps every token
+    top_p: float = 1.0  # nucleus mass; 1.0 keeps every token
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Generation:
+    prompt: Tensor  # [B, P] left-padded prompt ids
+    prompt_mask: Tensor  # [B, P] True for real prompt tokens
+    tokens: Tensor  # [B, N] response ids; pad after the end token
+    mask: Tensor  # [B, N] True for response tokens, the end token included
+    logprobs: Tensor  # [B, N] log-prob of each token under the temperature-scaled logits
+    lengths: Tensor  # [B] response tokens per row, the end token included
+    ended: Tensor  # [B] True where the row emitted the end token
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Ids [B, L] and mask [B, L] with each sequence right-aligned."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = True
+    return ids, mask
+
+
+def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Set logits outside the top-k and the top-p nucleus to -inf. logits [B, V]."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the mass before it already reaches top_p (the first always stays)
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    prompts: Sequence[Sequence[int]],
+    *,
+    eos_id: int,
+    pad_id: int,
+    config: SamplingConfig,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Sample responses for token-id prompts; prompts longer than the context keep their end."""
+    device = next(model.parameters()).device
+    budget = model.config.block_size - config.max_new_tokens
+    if budget < 1:
+        raise ValueError(
+            f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in "
+            f"block_size={model.config.block_size}"
+        )
+    prompt, prompt_mask = left_pad([list(p)[-budget:] for p in prompts], pad_id)
+    prompt, prompt_mask = prompt.to(device), prompt_mask.to(device)
+    batch = prompt.shape[0]
+    cache = KVCache(model.config, batch, prompt.shape[1] + config.max_new_tokens, device)
+
+    tokens = torch.full((batch, config.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((batch, config.max_new_tokens), dtype=torch.bool, device=device)
+    logprobs = torch.zeros((batch, config.max_new_tokens), device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    logits = model(prompt, prompt_mask, cache)[:, -1]
+    for step in range(config.max_new_tokens):
+        scaled = logits.float() / config.temperature
+        # log-probs under the policy itself (what a full forward pass recomputes); sampling
+        # never picks padding, which is no answer token
+        choosable = scaled.index_fill(-1, torch.tensor([pad_id], device=device), float("-inf"))
+        if config.greedy:
+            next_token = choosable.argmax(dim=-1)
+        else:
+            probs = filter_logits(choosable, config.top_k, config.top_p).softmax(dim=-1)
+            next_token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        token_logprob = scaled.log_softmax(dim=-1).gather(-1, next_token[:, None]).squeeze(-1)
+        active = ~finished
+        tokens[:, step] = torch.where(active, next_token, pad_id)
+        mask[:, step] = active
+        logprobs[:, step] = torch.where(active, token_logprob, 0.0)
+        finished = finished | (next_token == eos_id)
+        if bool(finished.all()) or step + 1 == config.max_new_tokens:
+            break
+        logits = model(tokens[:, step : step + 1], active[:, None], cache)[:, -1]
+
+    return Generation(
+        prompt=prompt,
+        prompt_mask=prompt_mask,
+        tokens=tokens,
+        mask=mask,
+        logprobs=logprobs,
+        lengths=mask.sum(dim=-1),
+        ended=((tokens == eos_id) & mask).any(dim=-1),
+    )
+
+
+def generate_texts(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    config: SamplingConfig,
+    *,
+    batch_size: int = 64,
+    generator: torch.Generator | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[str]:
+    """Answer text prompts in batches of similar length; results keep the input order."""
+    encoded = [tokenizer.encode_prompt(p) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+    answers = [""] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        out = generate(
+            model,
+            [encoded[i] for i in rows],
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            config=config,
+            generator=generator,
+        )
+        for row, ids in zip(rows, out.tokens.tolist(), strict=True):
+            answers[row] = tokenizer.decode_response(ids)
+        if on_batch:
+            on_batch(len(rows))
+    return answers
+
+
+def sequence_logprobs(model: GPT, ids: Tensor, mask: Tensor) -> Tensor:
+    """Log-prob of each token given its prefix, [B, L-1], for ids/mask [B, L]."""
+    logits = model(ids, mask)[:, :-1].float()
+    return F.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)

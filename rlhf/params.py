@@ -1,0 +1,252 @@
+"""Typed schema for `params.yaml`.
+
+Every hyperparameter of the pipeline lives in one YAML file, grouped by stage, so that DVC can
+rerun exactly the stages whose groups changed. A typo in that file would otherwise be silently
+ignored (and the run would use a default), so loading is strict: an unknown key, a wrong type or
+an out-of-range value fails at once with the key, the bad value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ParamsError(ValueError):
+    """A params file that does not match the schema."""
+
+
+def spec(
+    default: Any,
+    doc: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A documented field with optional numeric bounds, checked at load time."""
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    metadata = {"doc": doc, **{k: v for k, v in bounds.items() if v is not None}}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+TASK_FAMILIES = ("greet", "add", "capital", "repeat", "refuse", "uppercase")
+
+
+@dataclass(frozen=True)
+class TokenizerParams:
+    kind: Literal["bpe", "bytes", "tiktoken"] = spec(
+        "bpe",
+        "`bpe`: byte-level BPE trained on the SFT training texts (tiktoken rank file); "
+        "`bytes`: 256 byte tokens, no merges; `tiktoken`: a named tiktoken encoding, which needs "
+        "tiktoken's file cache (TIKTOKEN_CACHE_DIR) or network access.",
+    )
+    vocab_size: int = spec(
+        2048,
+        "Upper bound on mergeable tokens for `bpe` (256 bytes + merges). Training stops earlier "
+        "when no pair occurs twice, so a small corpus yields a smaller vocabulary.",
+        ge=257,
+        le=200_000,
+    )
+    encoding: str = spec("gpt2", "Named tiktoken encoding for kind `tiktoken` (gpt2, cl100k_base).")
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    n_layer: int = spec(4, "Transformer blocks.", ge=1, le=96)
+    n_head: int = spec(4, "Attention heads; must divide n_embd.", ge=1, le=128)
+    n_embd: int = spec(128, "Residual stream width.", ge=8, le=16384)
+    block_size: int = spec(96, "Context length in tokens (prompt + response).", ge=8, le=32768)
+    dropout: float = spec(
+        0.0, "Dropout in training. Keep 0 for RL: it makes PPO's ratios noisy.", ge=0.0, lt=1.0
+    )
+    bias: bool = spec(True, "Bias terms in Linear and LayerNorm layers.")
+
+
+@dataclass(frozen=True)
+class DataParams:
+    source: Literal["synthetic", "files"] = spec(
+        "synthetic",
+        "`synthetic`: draw demonstrations from the built-in task suite (a gold judge scores "
+        "answers); `files`: read data/raw/sft.parquet written by `rlhf import`.",
+    )
+    tasks: tuple[str, ...] = spec(TASK_FAMILIES, "Task families drawn by the synthetic source.")
+    n_train: int = spec(4000, "Synthetic training demonstrations.", ge=1)
+    n_val: int = spec(300, "Synthetic validation demonstrations.", ge=1)
+    n_heldout: int = spec(240, "Held-out evaluation prompts, split evenly across families.", ge=1)
+    demo_noise: float = spec(
+        0.3,
+        "Share of synthetic demonstrations that are deliberately flawed (wrong, rambling, "
+        "missing refusal), so later stages have something real to fix.",
+        ge=0.0,
+        le=1.0,
+    )
+    val_fraction: float = spec(0.05, "Share of imported rows held for validation.", gt=0.0, lt=1.0)
+    heldout_fraction: float = spec(
+        0.05, "Share of imported prompts held out for evaluation.", gt=0.0, lt=1.0
+    )
+
+
+@dataclass(frozen=True)
+class SFTParams:
+    epochs: int = spec(4, "Passes over the demonstrations.", ge=1)
+    batch_size: int = spec(32, "Sequences per optimizer step.", ge=1)
+    lr: float = spec(2e-3, "Peak AdamW learning rate.", gt=0.0, le=1.0)
+    min_lr_ratio: float = spec(0.1, "Cosine decay floor as a share of lr.", ge=0.0, le=1.0)
+    warmup_steps: int = spec(30, "Linear warmup steps.", ge=0)
+    weight_decay: float = spec(0.1, "AdamW decay on matrices (not biases, norms).", ge=0.0)
+    beta1: float = spec(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
+    beta2: float = spec(0.95, "AdamW beta2.", ge=0.0, lt=1.0)
+    grad_clip: float = spec(1.0, "Global gradient-norm clip; 0 disables.", ge=0.0)
+    bf16: bool = spec(True, "bf16 autocast on CUDA (ignored on CPU).")
+    save_every: int = spec(50, "Steps between resume checkpoints.", ge=1)
+    eval_max_new_tokens: int = spec(32, "Answer length cap when scoring held-out prompts.", ge=1)
+    eval_batch_size: int = spec(128, "Prompts per batched generation in evaluation.", ge=1)
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int = spec(1234, "Seed for data generation, initialization and sampling.", ge=0)
+    device: Literal["auto", "cpu", "cuda"] = spec(
+        "auto", "`auto` picks CUDA when available, else CPU."
+    )
+    tokenizer: TokenizerParams = field(
+        default_factory=TokenizerParams, metadata={"doc": "Tokenizer stage."}
+    )
+    model: ModelParams = field(default_factory=ModelParams, metadata={"doc": "GPT architecture."})
+    data: DataParams = field(default_factory=DataParams, metadata={"doc": "Prepare stage."})
+    sft: SFTParams = field(default_factory=SFTParams, metadata={"doc": "SFT stage."})
+
+    def __post_init__(self) -> None:
+        if self.model.n_embd % self.model.n_head:
+            raise ParamsError(
+                f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"
+            )
+        unknown = sorted(set(self.data.tasks) - set(TASK_FAMILIES))
+        if unknown or not self.data.tasks:
+            raise ParamsError(
+                f"data.tasks = {list(self.data.tasks)!r} must be a non-empty list of "
+                f"{', '.join(TASK_FAMILIES)}"
+            )
+
+
+def _describe_type(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {typing.get_args(hint)[0].__name__}"
+    return hint.__name__
+
+
+def _check_value(key: str, value: Any, hint: Any, meta: dict[str, Any], source: str) -> Any:
+    def fail(reason: str) -> ParamsError:
+        return ParamsError(f"{source}: {key} = {value!r} {reason}")
+
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            hint_text = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            suffix = f" (did you mean {hint_text[0]!r}?)" if hint_text else ""
+            raise fail(f"is not one of {', '.join(repr(c) for c in choices)}{suffix}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise fail(f"has the wrong type: expected {_describe_type(hint)}")
+        return tuple(value)
+    # YAML has no int/float distinction a user would notice: accept 1 for a float field.
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
+        raise fail(f"has the wrong type: expected {_describe_type(hint)}")
+    for bound, ok in (
+        ("ge", lambda b: value >= b),
+        ("gt", lambda b: value > b),
+        ("le", lambda b: value <= b),
+        ("lt", lambda b: value < b),
+    ):
+        if bound in meta and not ok(meta[bound]):
+            symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[bound]
+            raise fail(f"is out of range: must be {symbol} {meta[bound]}")
+    return value
+
+
+def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
+    if not isinstance(raw, dict):
+        where = prefix.rstrip(".") or "top level"
+        raise ParamsError(f"{source}: {where} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            suffix = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ParamsError(
+                f"{source}: unknown key {key!r}{suffix}; valid keys: "
+                + ", ".join(f"{prefix}{n}" for n in fields)
+            )
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, value, f"{key}.", source)
+        else:
+            values[name] = _check_value(key, value, hint, dict(fields[name].metadata), source)
+    return cls(**values)
+
+
+def parse_params(raw: Any, source: str = "params") -> Params:
+    """Validate a mapping (as read from YAML) against the schema; missing keys take defaults."""
+    return _build(Params, raw or {}, "", source)
+
+
+def load_params(path: str | Path) -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_params(raw, str(path))
+
+
+def group_hash(params: Params, *groups: str) -> str:
+    """A short fingerprint of the named groups, stored in checkpoints to tie them to params."""
+    payload = {g: _to_plain(getattr(params, g)) for g in groups}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def to_dict(params: Params) -> dict[str, Any]:
+    return _to_plain(params)
+
+
+def describe(cls: type = Params, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(key, doc, default) for every field, for `rlhf params` and the README."""
+    rows: list[tuple[str, str, Any]] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            rows.extend(describe(hint, f"{prefix}{f.name}."))
+        else:
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            rows.append((f"{prefix}{f.name}", f.metadata["doc"], _to_plain(default)))
+    return rows

@@ -1,0 +1,1 @@
+"""Pipeline stages: each reads params and inputs, calls `rlhf`, writes outputs atomically."""

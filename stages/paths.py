@@ -1,0 +1,26 @@
+"""Where every stage reads and writes, relative to the DVC repository root.
+
+The same paths appear in dvc.yaml; keeping them in one module keeps the two in step.
+"""
+
+from pathlib import Path
+
+PARAMS = Path("params.yaml")
+
+RAW_SFT = Path("data/raw/sft.parquet")
+PREPARED = Path("data/prepared")
+SFT_TRAIN = PREPARED / "sft_train.parquet"
+SFT_VAL = PREPARED / "sft_val.parquet"
+PROMPTS_TRAIN = PREPARED / "prompts_train.parquet"
+PROMPTS_HELDOUT = PREPARED / "prompts_heldout.parquet"
+
+TOKENIZER = Path("artifacts/tokenizer")
+SFT_MODEL = Path("artifacts/sft/model.pt")
+
+METRICS = Path("metrics")
+SFT_METRICS = METRICS / "sft.json"
+SFT_STEPS = METRICS / "sft_steps.csv"
+SFT_EPOCHS = METRICS / "sft_epochs.csv"
+
+# Resume state lives outside every stage's outs: DVC deletes outs before rerunning a stage.
+RESUME = Path(".rlhf/resume")

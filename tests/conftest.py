@@ -1,0 +1,82 @@
+"""Shared fixtures: a tiny pipeline configuration that trains in seconds on a CPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_PARAMS = {
+    "seed": 7,
+    "device": "cpu",
+    "tokenizer": {"kind": "bpe", "vocab_size": 400},
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 48, "block_size": 64},
+    "data": {"n_train": 400, "n_val": 48, "n_heldout": 36},
+    "sft": {
+        "epochs": 4,
+        "batch_size": 16,
+        "lr": 0.01,
+        "warmup_steps": 5,
+        "save_every": 5,
+        "eval_max_new_tokens": 12,
+    },
+}
+
+
+def write_params(directory: Path, overrides: dict | None = None) -> Path:
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    for key, value in (overrides or {}).items():
+        group, _, name = key.partition(".")
+        if name:
+            params.setdefault(group, {})[name] = value
+        else:
+            params[group] = value
+    path = directory / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def make_project(directory: Path, overrides: dict | None = None) -> Path:
+    """A DVC project with this repo's pipeline, code and a tiny params.yaml."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("rlhf", "stages"):
+        shutil.copytree(REPO / name, directory / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dvc.yaml", directory / "dvc.yaml")
+    shutil.copytree(REPO / "data" / "raw", directory / "data" / "raw")
+    write_params(directory, overrides)
+    return directory
+
+
+def run_module(module: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=True,
+        **kwargs,
+    )
+
+
+def clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["DVC_NO_ANALYTICS"] = "1"
+    env["PYTHONPATH"] = ""
+    return env
+
+
+@pytest.fixture(scope="session")
+def trained_project(tmp_path_factory) -> Path:
+    """prepare + tokenizer + sft on the tiny config, run once for the whole session."""
+    project = make_project(tmp_path_factory.mktemp("trained"))
+    for module in ("stages.prepare", "stages.tokenizer", "stages.sft"):
+        run_module(module, project)
+    return project

@@ -1,0 +1,70 @@
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import clean_env, make_project, write_params
+
+
+def sh(args, cwd):
+    return subprocess.run(
+        args, cwd=cwd, env=clean_env(), capture_output=True, text=True, check=True
+    )
+
+
+def repro(project) -> set[str]:
+    """Stages that actually ran, from DVC's own log."""
+    out = sh(["dvc", "repro"], project).stdout
+    return set(re.findall(r"Running stage '([\w-]+)'", out))
+
+
+@pytest.fixture(scope="module")
+def dvc_project(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("dvc"))
+    sh(["git", "init", "-q"], project)
+    sh(["dvc", "init", "-q"], project)
+    sh(["dvc", "config", "core.analytics", "false"], project)
+    return project
+
+
+def test_first_repro_runs_every_stage(dvc_project):
+    assert repro(dvc_project) == {"prepare", "tokenizer", "sft"}
+    assert (dvc_project / "artifacts" / "sft" / "model.pt").exists()
+    shown = sh(["dvc", "metrics", "show", "--json"], dvc_project).stdout
+    assert "gold_greedy" in shown
+
+
+def test_second_repro_does_no_work(dvc_project):
+    assert repro(dvc_project) == set()
+
+
+def test_changing_sft_lr_reruns_only_sft(dvc_project):
+    write_params(dvc_project, {"sft.lr": 0.02})
+    assert repro(dvc_project) == {"sft"}
+
+
+def test_changing_tokenizer_reruns_it_and_downstream(dvc_project):
+    write_params(dvc_project, {"sft.lr": 0.02, "tokenizer.vocab_size": 350})
+    assert repro(dvc_project) == {"tokenizer", "sft"}
+
+
+def test_stages_declare_exactly_their_param_groups():
+    from conftest import REPO
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert stages["prepare"]["params"] == ["seed", "data"]
+    assert stages["tokenizer"]["params"] == ["tokenizer"]
+    assert stages["sft"]["params"] == ["seed", "device", "model", "sft"]
+    assert not any(".rlhf" in str(out) for s in stages.values() for out in s.get("outs", []))
+
+
+def test_params_file_is_validated_before_any_work(tmp_path):
+    project = make_project(tmp_path / "p")
+    write_params(project, {"sft.lrr": 0.1})
+    result = subprocess.run(
+        ["rlhf", "prepare"], cwd=project, env=clean_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "unknown key 'sft.lrr'" in result.stderr and "did you mean 'sft.lr'" in result.stderr
+    assert not (project / "data" / "prepared").exists()

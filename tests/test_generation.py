@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from rlhf.generation import SamplingConfig, filter_logits, generate, left_pad, sequence_logprobs
+from rlhf.model import GPT, GPTConfig
+
+EOS, PAD = 1, 2
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=60, block_size=48, n_layer=2, n_head=2, n_embd=32)).eval()
+
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
+
+
+def run(model, config, seed=0):
+    return generate(
+        model,
+        PROMPTS,
+        eos_id=EOS,
+        pad_id=PAD,
+        config=config,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def test_sampling_logprobs_match_a_full_forward_pass(model):
+    out = run(model, SamplingConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=20))
+    ids = torch.cat([out.prompt, out.tokens], dim=1)
+    mask = torch.cat([out.prompt_mask, out.mask], dim=1)
+    logits = model(ids, mask)[:, :-1] / 0.7
+    recomputed = logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    recomputed = recomputed[:, out.prompt.shape[1] - 1 :]
+    torch.testing.assert_close(recomputed[out.mask], out.logprobs[out.mask], atol=1e-4, rtol=0)
+    plain = sequence_logprobs(model, ids, mask)
+    assert plain.shape == (3, ids.shape[1] - 1)
+
+
+def test_rows_stop_at_the_end_token_and_pad_after(model):
+    with torch.no_grad():  # a constant feature that favours the end token: rows stop early
+        model.ln_f.bias[0] = 1.0
+        model.lm_head.weight[EOS, 0] = 3.0
+    out = run(model, SamplingConfig(max_new_tokens=30))
+    for row, length in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True):
+        if EOS in row:
+            end = row.index(EOS)
+            assert length == end + 1
+            assert all(t == PAD for t in row[end + 1 :])
+        assert PAD not in row[:length]
+    assert out.ended.all() and len(set(out.lengths.tolist())) > 1
+    assert (out.mask.sum(-1) == out.lengths).all()
+
+
+def test_pad_is_never_sampled_even_when_likely(model):
+    with torch.no_grad():
+        model.lm_head.weight[PAD] += 5.0
+    out = run(model, SamplingConfig(max_new_tokens=10))
+    assert not (out.tokens[out.mask] == PAD).any()
+
+
+def test_greedy_is_deterministic_and_seeds_control_sampling(model):
+    greedy = SamplingConfig(max_new_tokens=8, greedy=True)
+    assert torch.equal(run(model, greedy, 1).tokens, run(model, greedy, 2).tokens)
+    sample = SamplingConfig(max_new_tokens=8)
+    assert torch.equal(run(model, sample, 3).tokens, run(model, sample, 3).tokens)
+    assert not torch.equal(run(model, sample, 3).tokens, run(model, sample, 4).tokens)
+
+
+def test_batched_greedy_equals_each_prompt_alone(model):
+    config = SamplingConfig(max_new_tokens=8, greedy=True)
+    batched = run(model, config).tokens
+    for i, prompt in enumerate(PROMPTS):
+        alone = generate(model, [prompt], eos_id=EOS, pad_id=PAD, config=config).tokens[0]
+        assert torch.equal(batched[i], alone)
+
+
+def test_top_k_and_top_p_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(filter_logits(logits, top_k=2, top_p=1.0))
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = torch.isfinite(filter_logits(logits, top_k=0, top_p=0.75))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.75, 0.8 >= 0.75
+    kept = torch.isfinite(filter_logits(logits, top_k=0, top_p=0.1))
+    assert kept.tolist() == [[True, False, False, False]]  # the top token always stays
+    shuffled = logits[:, [2, 0, 3, 1]]
+    kept = torch.isfinite(filter_logits(shuffled, top_k=0, top_p=0.75))
+    assert kept.tolist() == [[False, True, False, True]]
+
+
+def test_long_prompts_keep_their_end(model):
+    long_prompt = list(range(3, 58))  # 55 tokens > block_size - max_new_tokens
+    out = generate(
+        model, [long_prompt], eos_id=EOS, pad_id=PAD, config=SamplingConfig(max_new_tokens=8)
+    )
+    assert out.prompt.shape[1] == 40
+    assert out.prompt[0].tolist() == long_prompt[-40:]
+
+
+def test_left_pad():
+    ids, mask = left_pad([[1, 2], [3]], pad_id=0)
+    assert ids.tolist() == [[1, 2], [0, 3]]
+    assert mask.tolist() == [[True, True], [False, True]]
+
+
+def test_invalid_sampling_settings():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=0)

@@ -1,0 +1,61 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rlhf.data import PROMPT_SCHEMA, SFT_SCHEMA, DataError, read_rows
+from rlhf.importers import import_sft
+from stages.cli import app
+
+from conftest import make_project, run_module, write_params
+
+
+def write_jsonl(path, records):
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def test_import_validates_each_row(tmp_path):
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": ""}]
+    )
+    with pytest.raises(DataError, match=r"d.jsonl: row 1, field 'response': is empty"):
+        import_sft(path)
+    path = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "a"}])
+    with pytest.raises(DataError, match=r"e.jsonl: row 0, field 'response': is null"):
+        import_sft(path)
+    (tmp_path / "f.jsonl").write_text('{"prompt": "a", "response": "b"}\n{oops\n')
+    with pytest.raises(DataError, match=r"f.jsonl: row 1: not valid JSON"):
+        import_sft(tmp_path / "f.jsonl")
+
+
+def test_cli_import_reports_errors_and_writes_nothing(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "response": None}])
+    result = CliRunner().invoke(app, ["import", str(bad), "--out", str(tmp_path / "o.parquet")])
+    assert result.exit_code == 2
+    assert "row 0, field 'response'" in result.output
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_files_source_runs_prepare_on_imported_data(tmp_path):
+    project = make_project(tmp_path / "p")
+    write_params(project, {"data.source": "files", "data.heldout_fraction": 0.1})
+    records = [
+        {"prompt": f"Question {i}?", "response": f"Answer {i}.", "task": "qa"} for i in range(40)
+    ] + [{"prompt": "Question 0?", "response": "Another answer."}]
+    source = write_jsonl(tmp_path / "mine.jsonl", records)
+    out = project / "data" / "raw" / "sft.parquet"
+    result = CliRunner().invoke(app, ["import", str(source), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    run_module("stages.prepare", project)
+    prepared = project / "data" / "prepared"
+    train = read_rows(prepared / "sft_train.parquet", SFT_SCHEMA)
+    val = read_rows(prepared / "sft_val.parquet", SFT_SCHEMA)
+    heldout = read_rows(prepared / "prompts_heldout.parquet", PROMPT_SCHEMA)
+    held = {r["prompt"] for r in heldout}
+    train_prompts, val_prompts = {r["prompt"] for r in train}, {r["prompt"] for r in val}
+    assert len(held) == 4 and len(val_prompts) == 2
+    assert not held & (train_prompts | val_prompts) and not train_prompts & val_prompts
+    assert held | train_prompts | val_prompts == {r["prompt"] for r in records}
+    # one prompt's demonstrations stay on one side of the split
+    assert sum(r["prompt"] == "Question 0?" for r in train + val) in (0, 2)

@@ -1,0 +1,90 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf.params import (
+    Params,
+    ParamsError,
+    describe,
+    group_hash,
+    load_params,
+    parse_params,
+    to_dict,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_params_file_is_valid_and_covers_every_field():
+    params = load_params(REPO / "params.yaml")
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert set(raw) == set(to_dict(params))
+    for group, values in raw.items():
+        if isinstance(values, dict):
+            assert set(values) == set(to_dict(params)[group]), group
+
+
+def test_missing_keys_take_documented_defaults():
+    assert parse_params({}) == Params()
+    assert all(doc for _, doc, _ in describe())
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(ParamsError) as err:
+        parse_params({"sft": {"lrr": 0.1}}, "params.yaml")
+    message = str(err.value)
+    assert "params.yaml" in message
+    assert "unknown key 'sft.lrr'" in message
+    assert "did you mean 'sft.lr'" in message
+
+
+def test_unknown_group_suggests_the_close_one():
+    with pytest.raises(ParamsError, match=r"did you mean 'model'\?"):
+        parse_params({"modle": {}})
+
+
+def test_wrong_type_names_key_value_and_expected_type():
+    with pytest.raises(ParamsError, match=r"sft.epochs = 'four' has the wrong type: expected int"):
+        parse_params({"sft": {"epochs": "four"}})
+    with pytest.raises(ParamsError, match=r"model.bias = 1 has the wrong type: expected bool"):
+        parse_params({"model": {"bias": 1}})
+    with pytest.raises(ParamsError, match=r"sft.epochs = True has the wrong type"):
+        parse_params({"sft": {"epochs": True}})
+
+
+def test_int_is_accepted_for_float_fields():
+    assert parse_params({"sft": {"lr": 1}}).sft.lr == 1.0
+
+
+def test_out_of_range_value_names_the_bound():
+    with pytest.raises(ParamsError, match=r"sft.lr = -0.1 is out of range: must be > 0"):
+        parse_params({"sft": {"lr": -0.1}})
+    with pytest.raises(ParamsError, match=r"data.demo_noise = 1.5 is out of range: must be <= 1"):
+        parse_params({"data": {"demo_noise": 1.5}})
+
+
+def test_choice_lists_valid_choices_and_suggests():
+    with pytest.raises(ParamsError) as err:
+        parse_params({"device": "cude"})
+    assert "'auto', 'cpu', 'cuda'" in str(err.value)
+    assert "did you mean 'cuda'" in str(err.value)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ParamsError, match="must divide"):
+        parse_params({"model": {"n_head": 3, "n_embd": 128}})
+    with pytest.raises(ParamsError, match=r"data\.tasks"):
+        parse_params({"data": {"tasks": ["greet", "juggle"]}})
+
+
+def test_group_must_be_a_mapping():
+    with pytest.raises(ParamsError, match="sft must be a mapping"):
+        parse_params({"sft": 3})
+
+
+def test_group_hash_changes_only_with_its_groups():
+    base = Params()
+    changed = parse_params({"sft": {"lr": 0.5}})
+    assert group_hash(base, "model") == group_hash(changed, "model")
+    assert group_hash(base, "sft") != group_hash(changed, "sft")

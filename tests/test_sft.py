@@ -1,0 +1,93 @@
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from rlhf import checkpoint
+from rlhf.tokenizer import load_tokenizer
+
+from conftest import clean_env, make_project, run_module, write_params
+
+METRIC_KEYS = {"val_loss", "gold_greedy", "gold_sampled", "tokens_per_s"}
+
+
+def metrics_of(project):
+    return json.loads((project / "metrics" / "sft.json").read_text())
+
+
+def test_sft_learns_and_reports_the_contract_metrics(trained_project):
+    metrics = metrics_of(trained_project)
+    assert set(metrics) >= METRIC_KEYS
+    assert metrics["tokens_per_s"] > 0
+    epochs = (trained_project / "metrics" / "sft_epochs.csv").read_text().splitlines()
+    assert epochs[0] == "epoch,train_loss,val_loss"
+    val = [float(line.split(",")[2]) for line in epochs[1:]]
+    assert val[-1] < val[0] < 5.0  # validation loss falls over training
+    assert metrics["gold_greedy"] > metrics["gold_greedy_untrained"] + 0.1
+    assert set(metrics["gold_greedy_by_task"]) == {
+        "greet", "add", "capital", "repeat", "refuse", "uppercase"
+    }  # fmt: skip
+    steps = (trained_project / "metrics" / "sft_steps.csv").read_text().splitlines()
+    assert steps[0] == "step,epoch,lr,train_loss" and len(steps) == metrics["steps"] + 1
+
+
+def test_checkpoint_loads_weights_only_with_identity(trained_project):
+    path = trained_project / "artifacts" / "sft" / "model.pt"
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    tokenizer = load_tokenizer(trained_project / "artifacts" / "tokenizer")
+    assert payload["tokenizer"] == tokenizer.identity
+    assert payload["kind"] == "policy" and len(payload["params_hash"]) == 16
+    model, _ = checkpoint.load_model(path, tokenizer)
+    assert model.config.vocab_size == tokenizer.vocab_size
+    assert not (trained_project / ".rlhf" / "resume" / "sft.pt").exists()
+
+
+def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
+    project = make_project(tmp_path / "p")
+    run_module("stages.prepare", project)
+    run_module("stages.tokenizer", project)
+    resume = project / ".rlhf" / "resume" / "sft.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stages.sft"], cwd=project, env=clean_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not resume.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert resume.exists(), "the run ended before writing resume state"
+    assert not (project / "artifacts" / "sft" / "model.pt").exists()  # no half output
+    killed_at = checkpoint.load(resume)["step"]
+    assert killed_at > 0
+
+    rerun = run_module("stages.sft", project)
+    assert f"resuming from step {killed_at}" in rerun.stderr
+    resumed, uninterrupted = metrics_of(project), metrics_of(trained_project)
+    for metrics in (resumed, uninterrupted):
+        metrics.pop("tokens_per_s")
+    assert resumed == uninterrupted
+    assert not resume.exists()
+
+
+def test_resume_state_from_other_params_is_ignored(tmp_path):
+    project = make_project(tmp_path / "p")
+    run_module("stages.prepare", project)
+    run_module("stages.tokenizer", project)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stages.sft"], cwd=project, env=clean_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    resume = project / ".rlhf" / "resume" / "sft.pt"
+    deadline = time.monotonic() + 120
+    while not resume.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert resume.exists()
+    write_params(project, {"sft.lr": 0.02})
+    rerun = run_module("stages.sft", project)
+    assert "resuming" not in rerun.stderr

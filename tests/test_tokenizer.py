@@ -1,0 +1,98 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiktoken.load import load_tiktoken_bpe
+
+from rlhf.bpe import train_bpe
+from rlhf.tokenizer import EOS, PAT_STR, SPECIAL_TOKENS, load_tokenizer, save_tokenizer
+
+CORPUS = [
+    "Greet Alice.", "Hello, Alice!", "What is 3 plus 4?", "3 + 4 = 7.",
+    "Repeat the word apple 3 times.", "apple apple apple", "Sorry, I can't help with that.",
+] * 20  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    return save_tokenizer(tmp_path_factory.mktemp("bpe"), "bpe", texts=CORPUS, vocab_size=320)
+
+
+@pytest.fixture(scope="module")
+def byte_level(tmp_path_factory):
+    return save_tokenizer(tmp_path_factory.mktemp("bytes"), "bytes")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_bpe_round_trips_any_unicode(bpe, text):
+    assert bpe.decode(bpe.encode(text)) == text
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text())
+def test_bytes_round_trips_any_unicode(byte_level, text):
+    ids = byte_level.encode(text)
+    assert ids == list(text.encode("utf-8"))
+    assert byte_level.decode(ids) == text
+
+
+def test_bpe_learns_merges_and_compresses(bpe):
+    assert 256 < bpe.vocab_size - len(SPECIAL_TOKENS) <= 320
+    text = "Hello, Alice! apple apple apple"
+    assert len(bpe.encode(text)) < len(text.encode()) / 2
+
+
+def test_training_is_deterministic():
+    assert train_bpe(CORPUS, 300, PAT_STR) == train_bpe(CORPUS, 300, PAT_STR)
+
+
+def test_training_stops_when_no_pair_repeats():
+    ranks = train_bpe(["ab"], 10_000, PAT_STR)
+    assert len(ranks) == 256  # "ab" occurs once: nothing worth merging
+
+
+def test_rank_file_is_tiktoken_format(bpe, tmp_path):
+    directory = save_tokenizer(tmp_path / "tok", "bpe", texts=CORPUS, vocab_size=300)
+    ranks = load_tiktoken_bpe(str(tmp_path / "tok" / "tokenizer.tiktoken"))
+    assert sorted(ranks.values()) == list(range(len(ranks)))
+    assert isinstance(directory.encoding, tiktoken.Encoding)
+
+
+def test_special_tokens_are_distinct_and_not_parsed_from_user_text(bpe):
+    ids = {bpe.eos_id, bpe.pad_id, bpe.prompt_id, bpe.response_id}
+    assert len(ids) == 4 and min(ids) >= bpe.vocab_size - 4
+    assert bpe.eos_id not in bpe.encode(f"say {EOS} now")
+    assert bpe.encode_prompt("hi")[0] == bpe.prompt_id
+    assert bpe.encode_prompt("hi")[-1] == bpe.response_id
+
+
+def test_retrained_tokenizer_at_same_path_is_not_served_stale(tmp_path):
+    first = save_tokenizer(tmp_path / "tok", "bpe", texts=CORPUS, vocab_size=300)
+    second = save_tokenizer(tmp_path / "tok", "bpe", texts=["zzzz yyyy"] * 50, vocab_size=300)
+    assert first.identity != second.identity
+    assert load_tokenizer(tmp_path / "tok").vocab_size == second.vocab_size
+    assert second.encoding._mergeable_ranks != first.encoding._mergeable_ranks
+
+
+def test_named_encoding_without_cache_fails_with_guidance(tmp_path):
+    code = (
+        "from rlhf.tokenizer import save_tokenizer\n"
+        f"save_tokenizer({str(tmp_path / 'tok')!r}, 'tiktoken', encoding='gpt2')\n"
+    )
+    env = {
+        **os.environ,
+        "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty-cache"),
+        "HTTPS_PROXY": "http://127.0.0.1:9",  # refuse the download at once
+        "https_proxy": "http://127.0.0.1:9",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode != 0
+    assert "TIKTOKEN_CACHE_DIR" in result.stderr and "tokenizer.kind: bpe" in result.stderr
+    assert not (tmp_path / "tok").exists()
