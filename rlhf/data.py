@@ -40,8 +40,12 @@ RANKED_SCHEMA = pa.schema(
     ]
 )
 PROMPT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), *_META])
+# Ranked rows as the pipeline collects them: the gold judge's score of each response, so
+# accuracy against the clean ordering can be measured; empty for imported data (no judge).
+COMPARISON_SCHEMA = RANKED_SCHEMA.append(pa.field("gold_scores", pa.list_(pa.float64())))
 
 _TEXT_FIELDS = {"prompt", "response", "chosen", "rejected"}
+_MAY_BE_EMPTY = {"gold_scores"}
 IGNORE_INDEX = -100
 
 
@@ -69,10 +73,10 @@ def validate_rows(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: str |
                 if name in _TEXT_FIELDS and not value.strip():
                     raise _row_error(path, index, name, "is empty")
             elif pa.types.is_list(field.type) and (
-                not isinstance(value, (list, tuple)) or not value
+                not isinstance(value, (list, tuple)) or not (value or name in _MAY_BE_EMPTY)
             ):
                 raise _row_error(path, index, name, f"expected a non-empty list, got {value!r}")
-        if schema is RANKED_SCHEMA:
+        if "ranks" in schema.names:
             _validate_ranking(row, index, path)
 
 
@@ -89,6 +93,13 @@ def _validate_ranking(row: dict[str, Any], index: int, path: str | Path) -> None
             raise _row_error(path, index, "responses", f"item {position} is empty or not text")
     if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise _row_error(path, index, "ranks", f"expected non-negative integers, got {ranks!r}")
+    if len(set(ranks)) < 2:
+        raise _row_error(path, index, "ranks", "all responses share one rank: nothing to learn")
+    gold = row.get("gold_scores")
+    if gold and len(gold) != len(responses):
+        raise _row_error(
+            path, index, "gold_scores", f"has {len(gold)} scores for {len(responses)} responses"
+        )
 
 
 def write_rows(path: str | Path, rows: Sequence[dict[str, Any]], schema: pa.Schema) -> None:

@@ -85,6 +85,12 @@ class DataParams:
     n_train: int = spec(4000, "Synthetic training demonstrations.", ge=1)
     n_val: int = spec(300, "Synthetic validation demonstrations.", ge=1)
     n_heldout: int = spec(240, "Held-out evaluation prompts, split evenly across families.", ge=1)
+    n_prompts: int = spec(
+        3000,
+        "Training prompts for comparison collection and RL, in equal shares per family (a "
+        "family with a small prompt space repeats its prompts).",
+        ge=1,
+    )
     demo_noise: float = spec(
         0.3,
         "Share of synthetic demonstrations that are deliberately flawed (wrong, rambling, "
@@ -99,9 +105,11 @@ class DataParams:
 
 
 @dataclass(frozen=True)
-class SFTParams:
-    epochs: int = spec(4, "Passes over the demonstrations.", ge=1)
-    batch_size: int = spec(32, "Sequences per optimizer step.", ge=1)
+class OptimParams:
+    """Optimizer and schedule settings shared by every gradient-trained stage."""
+
+    epochs: int = spec(4, "Passes over the training set.", ge=1)
+    batch_size: int = spec(32, "Examples per optimizer step.", ge=1)
     lr: float = spec(2e-3, "Peak AdamW learning rate.", gt=0.0, le=1.0)
     min_lr_ratio: float = spec(0.1, "Cosine decay floor as a share of lr.", ge=0.0, le=1.0)
     warmup_steps: int = spec(30, "Linear warmup steps.", ge=0)
@@ -111,8 +119,53 @@ class SFTParams:
     grad_clip: float = spec(1.0, "Global gradient-norm clip; 0 disables.", ge=0.0)
     bf16: bool = spec(True, "bf16 autocast on CUDA (ignored on CPU).")
     save_every: int = spec(50, "Steps between resume checkpoints.", ge=1)
+
+
+@dataclass(frozen=True)
+class SFTParams(OptimParams):
     eval_max_new_tokens: int = spec(32, "Answer length cap when scoring held-out prompts.", ge=1)
     eval_batch_size: int = spec(128, "Prompts per batched generation in evaluation.", ge=1)
+
+
+@dataclass(frozen=True)
+class CollectParams:
+    source: Literal["policy", "files"] = spec(
+        "policy",
+        "`policy`: sample K answers per training prompt from the SFT model and rank them with "
+        "the gold judge plus labeler noise; `files`: comparisons imported with `rlhf import "
+        "--kind pairwise|hh|ranked` into data/raw/comparisons.parquet.",
+    )
+    k: int = spec(4, "Responses sampled and ranked per prompt (InstructGPT used 4 to 9).", ge=2)
+    include_demo: bool = spec(False, "Add the prompt's SFT demonstration to its K samples.")
+    temperature: float = spec(1.0, "Sampling temperature.", gt=0.0)
+    top_p: float = spec(1.0, "Nucleus sampling mass.", gt=0.0, le=1.0)
+    max_new_tokens: int = spec(32, "Answer length cap.", ge=1)
+    batch_size: int = spec(128, "Prompts per batched generation.", ge=1)
+    label_noise: float = spec(
+        0.25,
+        "Target share of comparisons whose label disagrees with the gold judge (labelers agreed "
+        "about 73% of the time in InstructGPT). Noise is larger for close pairs, as for people.",
+        ge=0.0,
+        lt=0.5,
+    )
+    val_fraction: float = spec(0.1, "Share of prompts whose comparisons are held out.", gt=0, lt=1)
+
+
+@dataclass(frozen=True)
+class RMParams(OptimParams):
+    epochs: int = spec(2, "Passes over the comparisons.", ge=1)
+    batch_size: int = spec(16, "Prompts per step; each brings all its C(K,2) pairs.", ge=1)
+    lr: float = spec(
+        3e-4, "Peak AdamW learning rate; higher rates erode the SFT features.", gt=0.0, le=1.0
+    )
+    warmup_steps: int = spec(20, "Linear warmup steps.", ge=0)
+    pooling: Literal["last", "mean"] = spec(
+        "last", "`last`: reward read at the end token; `mean`: averaged over response tokens."
+    )
+    norm_samples: int = spec(
+        1000, "SFT demonstrations scored to set the reward's zero mean and record its std.", ge=1
+    )
+    eval_batch_size: int = spec(256, "Sequences per batch when scoring.", ge=1)
 
 
 @dataclass(frozen=True)
@@ -127,6 +180,10 @@ class Params:
     model: ModelParams = field(default_factory=ModelParams, metadata={"doc": "GPT architecture."})
     data: DataParams = field(default_factory=DataParams, metadata={"doc": "Prepare stage."})
     sft: SFTParams = field(default_factory=SFTParams, metadata={"doc": "SFT stage."})
+    collect: CollectParams = field(
+        default_factory=CollectParams, metadata={"doc": "Comparison collection stage."}
+    )
+    rm: RMParams = field(default_factory=RMParams, metadata={"doc": "Reward model stage."})
 
     def __post_init__(self) -> None:
         if self.model.n_embd % self.model.n_head:

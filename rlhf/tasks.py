@@ -143,7 +143,7 @@ ADD = Family(
         "Compute {a} + {b}.",
         "What is the sum of {a} and {b}?",
     ),
-    slots=lambda: [{"a": a, "b": b} for a in range(21) for b in range(21)],
+    slots=lambda: [{"a": a, "b": b} for a in range(10) for b in range(10)],
     ideal=lambda s: f"{s['a']} + {s['b']} = {int(s['a']) + int(s['b'])}.",
     flaws=(
         lambda s, rng: (
@@ -344,6 +344,20 @@ def demonstrate(prompt: str, noise: float, rng: random.Random) -> Demonstration:
         index = rng.randrange(len(family.flaws))
         return Demonstration(prompt, family.flaws[index](spec, rng), family.name, f"flaw{index}")
     return Demonstration(prompt, family.ideal(spec), family.name, "")
+
+
+def balanced_prompts(
+    pools: dict[str, list[str]], count: int, rng: random.Random
+) -> list[tuple[str, str]]:
+    """`count` (family, prompt) pairs in equal shares per family, each family cycling through
+    its shuffled pool, so a large prompt space (addition) cannot crowd out a small one."""
+    names = sorted(pools)
+    shuffled = {name: rng.sample(pools[name], len(pools[name])) for name in names}
+    picks = []
+    for i in range(count):
+        name = names[i % len(names)]
+        picks.append((name, shuffled[name][(i // len(names)) % len(shuffled[name])]))
+    return picks
 
 
 def sample_demonstrations(

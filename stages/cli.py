@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -11,15 +12,23 @@ import torch
 import typer
 from rich.table import Table
 
-from rlhf import checkpoint
-from rlhf.data import SFT_SCHEMA, DataError, write_rows
+from rlhf import checkpoint, reward
+from rlhf.data import RANKED_SCHEMA, SFT_SCHEMA, DataError, write_rows
 from rlhf.generation import SamplingConfig, generate_texts
-from rlhf.importers import import_sft
+from rlhf.importers import IMPORTERS, import_sft
 from rlhf.params import ParamsError, describe
 from rlhf.tokenizer import load_tokenizer
 from rlhf.training import resolve_device
 from stages import paths
 from stages.common import console, progress
+
+
+class ImportKind(str, Enum):
+    sft = "sft"
+    pairwise = "pairwise"
+    hh = "hh"
+    ranked = "ranked"
+
 
 app = typer.Typer(
     help="InstructGPT-style RLHF pipeline. `dvc repro` runs every stage; these commands run "
@@ -57,6 +66,22 @@ def tokenizer() -> None:
 def sft() -> None:
     """Supervised fine-tuning on the demonstrations (stage `sft`); resumes if interrupted."""
     from stages import sft as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def collect() -> None:
+    """Sample K answers per prompt from the SFT policy and rank them (stage `collect`)."""
+    from stages import collect as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def rm() -> None:
+    """Train the reward model on the ranked comparisons (stage `rm`)."""
+    from stages import rm as stage
 
     _run_stage(stage.run)
 
@@ -119,17 +144,80 @@ def generate(
 
 @app.command("import")
 def import_data(
-    source: Annotated[Path, typer.Argument(help="JSONL or Parquet with prompt, response.")],
-    out: Annotated[Path, typer.Option(help="Where to write.")] = paths.RAW_SFT,
+    source: Annotated[Path, typer.Argument(help="A .jsonl or .parquet file.")],
+    kind: Annotated[
+        ImportKind,
+        typer.Option(
+            help="sft: prompt, response. pairwise: prompt, chosen, rejected. hh: Anthropic "
+            "HH-RLHF transcripts (chosen, rejected). ranked: prompt, responses [{text, rank}]."
+        ),
+    ] = ImportKind.sft,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Default: data/raw/sft.parquet, or data/raw/comparisons.parquet."),
+    ] = None,
 ) -> None:
-    """Validate demonstrations from your own file and write them for `data.source: files`."""
+    """Validate your own data row by row and write it where the pipeline reads it."""
+    is_sft = kind is ImportKind.sft
+    target = out or (paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS)
     try:
-        rows = import_sft(source)
-        write_rows(out, rows, SFT_SCHEMA)
+        rows = IMPORTERS[kind.value](source)
+        write_rows(target, rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
     except DataError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    console.print(f"imported {len(rows)} rows into {out}; track it with `dvc add {out}`")
+    setting = "data.source: files" if is_sft else "collect.source: files"
+    console.print(
+        f"imported {len(rows)} rows into {target}; track it with `dvc add {target}` and set "
+        f"{setting} in params.yaml"
+    )
+
+
+@app.command()
+def score(
+    checkpoint_path: Annotated[Path, typer.Argument(help="Reward checkpoint (.pt).")] = (
+        paths.RM_MODEL
+    ),
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p")] = None,
+    response: Annotated[
+        list[str] | None, typer.Option("--response", "-r", help="One per --prompt, in order.")
+    ] = None,
+    file: Annotated[
+        Path | None, typer.Option(help="JSONL or Parquet with prompt, response columns.")
+    ] = None,
+    tokenizer_dir: Annotated[Path, typer.Option("--tokenizer")] = paths.TOKENIZER,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """Score prompt/response pairs with a reward model (0 = the average SFT demonstration)."""
+    prompts, responses = list(prompt or []), list(response or [])
+    if len(prompts) != len(responses):
+        raise typer.BadParameter(f"{len(prompts)} --prompt but {len(responses)} --response")
+    if file is not None:
+        try:
+            rows = import_sft(file)
+        except DataError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from exc
+        prompts += [r["prompt"] for r in rows]
+        responses += [r["response"] for r in rows]
+    if not prompts:
+        raise typer.BadParameter("give --prompt/--response pairs or --file")
+    tok = load_tokenizer(tokenizer_dir)
+    model, payload = checkpoint.load_model(checkpoint_path, tok, resolve_device(device))
+    if payload["kind"] != "reward":
+        raise typer.BadParameter(f"{checkpoint_path} is a {payload['kind']} checkpoint")
+    rewards = reward.score(model, tok, prompts, responses, pooling=payload["pooling"]).tolist()
+    std = payload["reward_std"] or 1.0
+    if as_json:
+        for p, r, value in zip(prompts, responses, rewards, strict=True):
+            record = {"prompt": p, "response": r, "reward": value, "z": value / std}
+            typer.echo(json.dumps(record))
+        return
+    table = Table("prompt", "response", "reward", "z (reward / std)", show_lines=True)
+    for p, r, value in zip(prompts, responses, rewards, strict=True):
+        table.add_row(p, r, f"{value:+.3f}", f"{value / std:+.2f}")
+    console.print(table)
 
 
 @app.command("params")

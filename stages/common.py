@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -15,7 +16,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from rlhf import checkpoint
+from rlhf.atomic import write_csv, write_json
 from rlhf.params import Params, load_params
+from rlhf.trainer import History
 from stages import paths
 
 console = Console(stderr=True)
@@ -44,3 +48,23 @@ def file_digest(*files: Path) -> str:
     for file in files:
         digest.update(file.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def publish_training(
+    *,
+    model_file: Path,
+    payload: dict[str, Any],
+    history: History,
+    steps_file: Path,
+    epochs_file: Path,
+    metrics_file: Path,
+    metrics: dict[str, Any],
+    resume_file: Path,
+) -> None:
+    """Write a finished training stage's outputs, each atomically, and only then drop its resume
+    state: a crash in between resumes and rewrites rather than retraining from scratch."""
+    checkpoint.save(model_file, payload)
+    write_csv(steps_file, history.steps)
+    write_csv(epochs_file, history.epochs)
+    write_json(metrics_file, metrics)
+    resume_file.unlink(missing_ok=True)

@@ -14,13 +14,23 @@ SFT_VAL = PREPARED / "sft_val.parquet"
 PROMPTS_TRAIN = PREPARED / "prompts_train.parquet"
 PROMPTS_HELDOUT = PREPARED / "prompts_heldout.parquet"
 
+RAW_COMPARISONS = Path("data/raw/comparisons.parquet")
+COLLECTED = Path("data/collected")
+COMPARISONS_TRAIN = COLLECTED / "comparisons_train.parquet"
+COMPARISONS_VAL = COLLECTED / "comparisons_val.parquet"
+
 TOKENIZER = Path("artifacts/tokenizer")
 SFT_MODEL = Path("artifacts/sft/model.pt")
+RM_MODEL = Path("artifacts/rm/model.pt")
 
 METRICS = Path("metrics")
 SFT_METRICS = METRICS / "sft.json"
 SFT_STEPS = METRICS / "sft_steps.csv"
 SFT_EPOCHS = METRICS / "sft_epochs.csv"
+COLLECT_METRICS = METRICS / "collect.json"
+RM_METRICS = METRICS / "rm.json"
+RM_STEPS = METRICS / "rm_steps.csv"
+RM_EPOCHS = METRICS / "rm_epochs.csv"
 
 # Resume state lives outside every stage's outs: DVC deletes outs before rerunning a stage.
 RESUME = Path(".rlhf/resume")

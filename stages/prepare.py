@@ -32,18 +32,16 @@ def synthetic_sets(data: DataParams, seed: int) -> dict[str, list[dict[str, Any]
             for d in tasks.sample_demonstrations(pools, count, data.demo_noise, rng)
         ]
 
-    def prompt_rows(pools: dict[str, list[str]]) -> list[dict[str, Any]]:
-        return [
-            {"prompt": p, "task": task, "source": "synthetic"}
-            for task, prompts in sorted(pools.items())
-            for p in prompts
-        ]
+    def prompt_rows(picks: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        return [{"prompt": p, "task": task, "source": "synthetic"} for task, p in picks]
 
     return {
         "train": demo_rows(split.train, data.n_train),
         "val": demo_rows(split.val, data.n_val),
-        "prompts_train": prompt_rows(split.train),
-        "prompts_heldout": prompt_rows(split.heldout),
+        "prompts_train": prompt_rows(tasks.balanced_prompts(split.train, data.n_prompts, rng)),
+        "prompts_heldout": prompt_rows(
+            [(task, p) for task, pool in sorted(split.heldout.items()) for p in pool]
+        ),
     }
 
 

@@ -18,7 +18,7 @@ TINY_PARAMS = {
     "device": "cpu",
     "tokenizer": {"kind": "bpe", "vocab_size": 400},
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 48, "block_size": 64},
-    "data": {"n_train": 400, "n_val": 48, "n_heldout": 36},
+    "data": {"n_train": 400, "n_val": 48, "n_heldout": 36, "n_prompts": 60},
     "sft": {
         "epochs": 4,
         "batch_size": 16,
@@ -27,6 +27,8 @@ TINY_PARAMS = {
         "save_every": 5,
         "eval_max_new_tokens": 12,
     },
+    "collect": {"k": 3, "max_new_tokens": 12, "val_fraction": 0.2},
+    "rm": {"epochs": 1, "batch_size": 8, "lr": 0.002, "warmup_steps": 2, "norm_samples": 64},
 }
 
 
@@ -75,8 +77,14 @@ def clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def trained_project(tmp_path_factory) -> Path:
-    """prepare + tokenizer + sft on the tiny config, run once for the whole session."""
+    """Every stage so far on the tiny config, run once for the whole session."""
     project = make_project(tmp_path_factory.mktemp("trained"))
-    for module in ("stages.prepare", "stages.tokenizer", "stages.sft"):
+    for module in (
+        "stages.prepare",
+        "stages.tokenizer",
+        "stages.sft",
+        "stages.collect",
+        "stages.rm",
+    ):
         run_module(module, project)
     return project

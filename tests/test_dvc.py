@@ -29,7 +29,7 @@ def dvc_project(tmp_path_factory):
 
 
 def test_first_repro_runs_every_stage(dvc_project):
-    assert repro(dvc_project) == {"prepare", "tokenizer", "sft"}
+    assert repro(dvc_project) == {"prepare", "tokenizer", "sft", "collect", "rm"}
     assert (dvc_project / "artifacts" / "sft" / "model.pt").exists()
     shown = sh(["dvc", "metrics", "show", "--json"], dvc_project).stdout
     assert "gold_greedy" in shown
@@ -39,14 +39,19 @@ def test_second_repro_does_no_work(dvc_project):
     assert repro(dvc_project) == set()
 
 
-def test_changing_sft_lr_reruns_only_sft(dvc_project):
-    write_params(dvc_project, {"sft.lr": 0.02})
-    assert repro(dvc_project) == {"sft"}
+def test_changing_rm_lr_reruns_rm_but_not_sft_or_collect(dvc_project):
+    write_params(dvc_project, {"rm.lr": 0.003})
+    assert repro(dvc_project) == {"rm"}
+
+
+def test_changing_sft_lr_reruns_sft_and_downstream(dvc_project):
+    write_params(dvc_project, {"rm.lr": 0.003, "sft.lr": 0.02})
+    assert repro(dvc_project) == {"sft", "collect", "rm"}
 
 
 def test_changing_tokenizer_reruns_it_and_downstream(dvc_project):
-    write_params(dvc_project, {"sft.lr": 0.02, "tokenizer.vocab_size": 350})
-    assert repro(dvc_project) == {"tokenizer", "sft"}
+    write_params(dvc_project, {"rm.lr": 0.003, "sft.lr": 0.02, "tokenizer.vocab_size": 350})
+    assert repro(dvc_project) == {"tokenizer", "sft", "collect", "rm"}
 
 
 def test_stages_declare_exactly_their_param_groups():
@@ -56,6 +61,8 @@ def test_stages_declare_exactly_their_param_groups():
     assert stages["prepare"]["params"] == ["seed", "data"]
     assert stages["tokenizer"]["params"] == ["tokenizer"]
     assert stages["sft"]["params"] == ["seed", "device", "model", "sft"]
+    assert stages["collect"]["params"] == ["seed", "device", "collect"]
+    assert stages["rm"]["params"] == ["seed", "device", "rm"]
     assert not any(".rlhf" in str(out) for s in stages.values() for out in s.get("outs", []))
 
 

@@ -1,0 +1,82 @@
+import json
+
+import pytest
+
+from rlhf.data import DataError
+from rlhf.importers import import_hh, import_pairwise, import_ranked, split_transcript
+
+
+def jsonl(path, records):
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return path
+
+
+HH = [
+    {
+        "chosen": "\n\nHuman: How do I bake bread?\n\nAssistant: Mix flour, water, yeast."
+        "\n\nHuman: And then?\n\nAssistant: Knead it and let it rise.",
+        "rejected": "\n\nHuman: How do I bake bread?\n\nAssistant: Mix flour, water, yeast."
+        "\n\nHuman: And then?\n\nAssistant: I don't know.",
+    },
+    {
+        "chosen": "\n\nHuman: Say hi.\n\nAssistant: Hi!",
+        "rejected": "\n\nHuman: Say hi.\n\nAssistant: No.",
+    },
+]
+
+
+def test_hh_rlhf_transcripts_split_into_shared_prompt_and_final_answers(tmp_path):
+    rows = import_hh(jsonl(tmp_path / "hh.jsonl", HH))
+    assert len(rows) == 2
+    first = rows[0]
+    assert first["prompt"] == (
+        "Human: How do I bake bread?\n\nAssistant: Mix flour, water, yeast.\n\nHuman: And then?"
+    )
+    assert first["responses"] == ["Knead it and let it rise.", "I don't know."]
+    assert first["ranks"] == [0, 1]
+    assert first["source"] == "hh.jsonl"
+
+
+def test_hh_row_with_different_dialogues_is_named(tmp_path):
+    bad = dict(HH[1], rejected="\n\nHuman: Say bye.\n\nAssistant: Bye.")
+    with pytest.raises(DataError, match=r"hh.jsonl: row 1, field 'rejected': its dialogue"):
+        import_hh(jsonl(tmp_path / "hh.jsonl", [HH[0], bad]))
+
+
+def test_hh_row_without_assistant_turn_is_named(tmp_path):
+    bad = {"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: hi\n\nAssistant: x"}
+    with pytest.raises(DataError, match=r"row 0, field 'chosen': has no"):
+        import_hh(jsonl(tmp_path / "hh.jsonl", [bad]))
+    with pytest.raises(ValueError):
+        split_transcript("no turns at all")
+
+
+def test_pairwise_rows(tmp_path):
+    rows = import_pairwise(
+        jsonl(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": "good", "rejected": "bad"}])
+    )
+    assert rows[0]["responses"] == ["good", "bad"] and rows[0]["ranks"] == [0, 1]
+    with pytest.raises(DataError, match=r"p2.jsonl: row 1, field 'rejected': is empty"):
+        import_pairwise(
+            jsonl(
+                tmp_path / "p2.jsonl",
+                [
+                    {"prompt": "q", "chosen": "a", "rejected": "b"},
+                    {"prompt": "q", "chosen": "a", "rejected": " "},
+                ],
+            )
+        )
+
+
+def test_ranked_rows(tmp_path):
+    record = {"prompt": "q", "responses": [{"text": "a", "rank": 1}, {"text": "b", "rank": 0}]}
+    rows = import_ranked(jsonl(tmp_path / "r.jsonl", [record]))
+    assert rows[0]["responses"] == ["a", "b"] and rows[0]["ranks"] == [1, 0]
+    with pytest.raises(DataError, match=r"row 0, field 'responses': expected a list of"):
+        import_ranked(jsonl(tmp_path / "r2.jsonl", [{"prompt": "q", "responses": ["a", "b"]}]))
+    tied = {"prompt": "q", "responses": [{"text": "a", "rank": 0}, {"text": "b", "rank": 0}]}
+    with pytest.raises(DataError, match=r"row 0, field 'ranks': all responses share one rank"):
+        import_ranked(jsonl(tmp_path / "r3.jsonl", [tied]))
+    missing = {"prompt": None, "responses": record["responses"]}
+    with pytest.raises(DataError, match=r"row 0, field 'prompt': is null"):
+        import_ranked(jsonl(tmp_path / "r4.jsonl", [missing]))

@@ -1,0 +1,128 @@
+import math
+
+import pytest
+import torch
+
+from rlhf.labeling import noisy_rankings
+from rlhf.model import GPT, GPTConfig
+from rlhf.reward import (
+    normalize_head,
+    pooled_rewards,
+    ranking_loss,
+    ranking_pairs,
+    reward_batch,
+    score,
+)
+from rlhf.reward_metrics import comparison_metrics
+from rlhf.tokenizer import save_tokenizer
+from stages.rm import group_loss
+
+
+def logsig(x: float) -> float:
+    return -math.log1p(math.exp(-x))
+
+
+def test_k_way_loss_is_the_mean_of_its_pairwise_terms_by_hand():
+    # prompt A: K = 3, ranks say 1 > 2 > 0 (rank 0 best); prompt B: a plain pair, 1 preferred
+    rewards = torch.tensor([0.3, 1.2, -0.5, 0.0, 0.7])
+    pairs = ranking_pairs([[2, 0, 1], [1, 0]])
+    a = [(1.2, 0.3), (1.2, -0.5), (-0.5, 0.3)]  # (better, worse) rewards
+    prompt_a = sum(-logsig(b - w) for b, w in a) / 3
+    prompt_b = -logsig(0.7 - 0.0)
+    expected = (prompt_a + prompt_b) / 2
+    assert ranking_loss(rewards, pairs).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_equal_ranks_give_no_pair():
+    pairs = ranking_pairs([[0, 0, 1]])
+    assert sorted(zip(pairs.better.tolist(), pairs.worse.tolist(), strict=True)) == [(0, 2), (1, 2)]
+    assert pairs.weight.tolist() == pytest.approx([0.5, 0.5])
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return save_tokenizer(tmp_path_factory.mktemp("t"), "bytes")
+
+
+@pytest.fixture
+def model(tok):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_each_response_is_forwarded_once(model, tok, monkeypatch):
+    rows_seen = []
+    original = model.hidden
+
+    def counting_hidden(idx, *args, **kwargs):
+        rows_seen.append(idx.shape[0])
+        return original(idx, *args, **kwargs)
+
+    monkeypatch.setattr(model, "hidden", counting_hidden)
+    groups = [
+        {"prompt": "p1", "responses": ["a", "b", "c", "d"], "ranks": [0, 1, 2, 3]},
+        {"prompt": "p2", "responses": ["e", "f", "g"], "ranks": [2, 1, 0]},
+    ]
+    loss, _ = group_loss(model, tok, groups, "last")
+    assert rows_seen == [7]  # 4 + 3 responses in one forward, not 2 per each of 6 + 3 pairs
+    loss.backward()
+    assert model.reward_head.weight.grad is not None
+
+
+def test_last_pooling_reads_the_end_token_and_mean_averages_the_response(model, tok):
+    batch = reward_batch(tok, ["ab", "abcdef"], ["xyz", "q"], 64)
+    assert batch.ids[0, batch.lengths[0] - 1] == tok.eos_id
+    assert batch.ids[1, batch.lengths[1] - 1] == tok.eos_id
+    per_token = model.rewards(model.hidden(batch.ids))
+    last = pooled_rewards(model, batch, "last")
+    torch.testing.assert_close(last[0], per_token[0, batch.lengths[0] - 1])
+    mean = pooled_rewards(model, batch, "mean")
+    torch.testing.assert_close(mean[1], per_token[1, 8:10].mean())  # "q" and the end token
+
+
+def test_scoring_is_batch_independent_and_normalization_centres(model, tok):
+    prompts, responses = ["p"] * 5, ["a", "bb", "ccc", "dddd", "e"]
+    together = score(model, tok, prompts, responses, pooling="last", batch_size=8)
+    one_by_one = score(model, tok, prompts, responses, pooling="last", batch_size=1)
+    torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=0)
+    shift, std = normalize_head(model, together)
+    after = score(model, tok, prompts, responses, pooling="last")
+    assert after.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert std == pytest.approx(together.std().item())
+    assert shift == pytest.approx(together.mean().item())
+
+
+def test_labeler_noise_hits_its_target_and_large_margins_flip_less():
+    gen = torch.Generator().manual_seed(0)
+    gold = (torch.rand(3000, 4, generator=gen) * 10).round() / 10
+    labels = noisy_rankings(gold.tolist(), 0.25, seed=1)
+    assert labels.flip_share == pytest.approx(0.25, abs=0.002)
+    assert all(sorted(r) == [0, 1, 2, 3] for r in labels.ranks)
+    flips = {"small": [], "large": []}
+    for g, r in zip(gold.tolist(), labels.ranks, strict=True):
+        for i in range(4):
+            for j in range(i + 1, 4):
+                if g[i] != g[j]:
+                    bucket = "large" if abs(g[i] - g[j]) >= 0.5 else "small"
+                    flips[bucket].append((g[i] > g[j]) != (r[i] < r[j]))
+    assert sum(flips["large"]) / len(flips["large"]) < sum(flips["small"]) / len(flips["small"])
+    clean = noisy_rankings(gold.tolist(), 0.0, seed=1)
+    assert clean.flip_share == 0.0 and 0 < clean.tie_share < 1
+
+
+def test_comparison_metrics_by_hand():
+    rows = [
+        {"ranks": [0, 1, 2], "gold_scores": [1.0, 0.9, 0.0], "task": "a"},
+        {"ranks": [1, 0], "gold_scores": [0.5, 0.5], "task": "b"},
+    ]
+    rewards = [[3.0, 1.0, 2.0], [0.0, 1.0]]
+    m = comparison_metrics(rows, rewards, [1, 2, 3, 4, 5])
+    # noisy pairs: (0>1 ok), (0>2 ok), (1>2 wrong), (row 2: 1>0 ok) -> 3/4
+    assert m["acc_noisy"] == 0.75
+    # gold pairs with distinct scores: (0,1) m=0.1 ok, (0,2) m=1.0 ok, (1,2) m=0.9 wrong
+    assert m["acc_gold"] == pytest.approx(0.6667, abs=1e-4)
+    assert m["acc_gold_margin_ge_0_2"] == 0.5
+    assert m["acc_gold_by_margin"]["0.1-0.2"] == 1.0
+    assert m["acc_gold_by_margin"]["0.5-1"] == 0.5
+    assert m["acc_gold_by_margin"]["0-0.1"] is None
+    assert m["acc_gold_by_task"] == {"a": pytest.approx(0.6667, abs=1e-4)}

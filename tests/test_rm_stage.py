@@ -1,0 +1,87 @@
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rlhf.data import COMPARISON_SCHEMA, read_rows
+from stages.cli import app
+
+from conftest import make_project, run_module, write_params
+
+runner = CliRunner()
+RM_KEYS = {"acc_noisy", "acc_gold", "acc_gold_margin_ge_0_2", "acc_gold_by_margin",
+           "acc_gold_by_task", "reward_length_corr", "reward_std", "reward_shift"}  # fmt: skip
+
+
+def test_collect_writes_ranked_samples_with_gold_scores(trained_project):
+    metrics = json.loads((trained_project / "metrics" / "collect.json").read_text())
+    assert abs(metrics["label_flip_share"] - 0.25) < 0.05
+    rows = read_rows(
+        trained_project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
+    )
+    val = read_rows(
+        trained_project / "data" / "collected" / "comparisons_val.parquet", COMPARISON_SCHEMA
+    )
+    assert all(len(r["responses"]) == 3 and sorted(r["ranks"]) == [0, 1, 2] for r in rows)
+    assert all(len(r["gold_scores"]) == 3 for r in rows)
+    assert not {r["prompt"] for r in rows} & {r["prompt"] for r in val}
+
+
+def test_rm_metrics_and_normalized_checkpoint(trained_project):
+    metrics = json.loads((trained_project / "metrics" / "rm.json").read_text())
+    assert set(metrics) >= RM_KEYS
+    assert 0.0 <= metrics["acc_gold"] <= 1.0 and metrics["reward_std"] > 0
+    payload = torch.load(
+        trained_project / "artifacts" / "rm" / "model.pt", map_location="cpu", weights_only=True
+    )
+    assert payload["kind"] == "reward" and payload["pooling"] == "last"
+    assert payload["reward_std"] == pytest.approx(metrics["reward_std"], abs=1e-6)
+
+
+def test_score_cli_centres_demonstrations_and_prints_json(trained_project, monkeypatch):
+    monkeypatch.chdir(trained_project)
+    result = runner.invoke(
+        app,
+        ["score", "-p", "Greet Alice.", "-r", "Hello, Alice!", "-p", "Greet Bob.",
+         "-r", "Hello, Alice!", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [r["response"] for r in records] == ["Hello, Alice!", "Hello, Alice!"]
+    std = json.loads((trained_project / "metrics" / "rm.json").read_text())["reward_std"]
+    assert all(abs(r["z"] * std - r["reward"]) < 1e-5 for r in records)
+
+
+def test_score_cli_rejects_unpaired_input_and_policy_checkpoints(trained_project, monkeypatch):
+    monkeypatch.chdir(trained_project)
+    result = runner.invoke(app, ["score", "-p", "a", "-p", "b", "-r", "x"])
+    assert result.exit_code != 0 and "2 --prompt but 1 --response" in result.output
+    result = runner.invoke(app, ["score", "artifacts/sft/model.pt", "-p", "a", "-r", "x"])
+    assert result.exit_code != 0 and "policy checkpoint" in result.output
+
+
+def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_path):
+    project = make_project(tmp_path / "p")
+    for part in ("artifacts", "data"):  # reuse tokenizer and SFT: only collect + rm run here
+        shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    records = [
+        {"chosen": f"\n\nHuman: Greet {n}.\n\nAssistant: Hello, {n}!",
+         "rejected": f"\n\nHuman: Greet {n}.\n\nAssistant: Go away."}
+        for n in ("Ann", "Ben", "Cal", "Dee", "Eve", "Fay", "Gus", "Hal", "Ida", "Jo")
+    ]  # fmt: skip
+    source = tmp_path / "hh.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in records))
+    out = project / "data" / "raw" / "comparisons.parquet"
+    result = runner.invoke(app, ["import", str(source), "--kind", "hh", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    write_params(project, {"collect.source": "files"})
+    run_module("stages.collect", project)
+    rows = read_rows(
+        project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
+    )
+    assert rows[0]["prompt"].startswith("Human: Greet") and rows[0]["gold_scores"] == []
+    run_module("stages.rm", project)
+    metrics = json.loads((project / "metrics" / "rm.json").read_text())
+    assert metrics["acc_gold"] is None and metrics["acc_noisy"] is not None
