@@ -102,12 +102,13 @@ def generate(
     mask = torch.zeros((batch, config.max_new_tokens), dtype=torch.bool, device=device)
     logprobs = torch.zeros((batch, config.max_new_tokens), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    pad_index = torch.tensor([pad_id], device=device)
     logits = model(prompt, prompt_mask, cache)[:, -1]
     for step in range(config.max_new_tokens):
         scaled = logits.float() / config.temperature
         # log-probs under the policy itself (what a full forward pass recomputes); sampling
         # never picks padding, which is no answer token
-        choosable = scaled.index_fill(-1, torch.tensor([pad_id], device=device), float("-inf"))
+        choosable = scaled.index_fill(-1, pad_index, float("-inf"))
         if config.greedy:
             next_token = choosable.argmax(dim=-1)
         else:
@@ -165,7 +166,8 @@ def generate_texts(
     return answers
 
 
-def sequence_logprobs(model: GPT, ids: Tensor, mask: Tensor) -> Tensor:
-    """Log-prob of each token given its prefix, [B, L-1], for ids/mask [B, L]."""
-    logits = model(ids, mask)[:, :-1].float()
+def sequence_logprobs(model: GPT, ids: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-prob of each token given its prefix, [B, L-1], for ids/mask [B, L]: what the
+    sampler recorded, recomputed in one pass (PPO's ratios, DPO's sequence log-probs)."""
+    logits = model(ids, mask)[:, :-1].float() / temperature
     return F.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)

@@ -34,6 +34,10 @@ from rlhf.training import resolve_device
 from stages import paths
 from stages.common import console, params, progress
 
+# An immediate end token decodes to "", which the ranked schema rejects as empty text; this
+# stand-in keeps the sample (the judge scores it low, as it should an empty answer).
+NO_ANSWER = "(no answer)"
+
 
 def sample_comparisons(c: CollectParams, seed: int, device_choice: str) -> tuple[list, dict]:
     """Rows of K ranked SFT samples per training prompt, and collection statistics."""
@@ -67,7 +71,7 @@ def sample_comparisons(c: CollectParams, seed: int, device_choice: str) -> tuple
     rows: list[dict[str, Any]] = []
     for index, prompt_row in enumerate(prompts):
         prompt = prompt_row["prompt"]
-        responses = [s if s.strip() else "(no answer)" for s in samples[index * c.k :][: c.k]]
+        responses = [s if s.strip() else NO_ANSWER for s in samples[index * c.k :][: c.k]]
         if prompt in demos:
             responses.append(demos[prompt])
         rows.append(

@@ -45,8 +45,8 @@ def test_checkpoint_loads_weights_only_with_identity(trained_project):
     assert not (trained_project / ".rlhf" / "resume" / "sft.pt").exists()
 
 
-def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
-    project = make_project(tmp_path / "p")
+def kill_sft_at_first_save(project):
+    """Run sft on prepared inputs and SIGKILL it as soon as it has saved resume state."""
     run_module("stages.prepare", project)
     run_module("stages.tokenizer", project)
     resume = project / ".rlhf" / "resume" / "sft.pt"
@@ -60,6 +60,12 @@ def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tm
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert resume.exists(), "the run ended before writing resume state"
+    return resume
+
+
+def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
+    project = make_project(tmp_path / "p")
+    resume = kill_sft_at_first_save(project)
     assert not (project / "artifacts" / "sft" / "model.pt").exists()  # no half output
     killed_at = checkpoint.load(resume)["step"]
     assert killed_at > 0
@@ -75,19 +81,7 @@ def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tm
 
 def test_resume_state_from_other_params_is_ignored(tmp_path):
     project = make_project(tmp_path / "p")
-    run_module("stages.prepare", project)
-    run_module("stages.tokenizer", project)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stages.sft"], cwd=project, env=clean_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    resume = project / ".rlhf" / "resume" / "sft.pt"
-    deadline = time.monotonic() + 120
-    while not resume.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.kill()
-    proc.wait()
-    assert resume.exists()
+    kill_sft_at_first_save(project)
     write_params(project, {"sft.lr": 0.02})
     rerun = run_module("stages.sft", project)
     assert "resuming" not in rerun.stderr
