@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlhf.data import encode_example
+from rlhf.data import Example, encode_example
 from rlhf.model import GPT
 from rlhf.tokenizer import Tokenizer
 
@@ -67,14 +67,10 @@ class RewardBatch:
     response_start: Tensor  # [B] index of each row's first response token
 
 
-def reward_batch(
-    tokenizer: Tokenizer, prompts: Sequence[str], responses: Sequence[str], block_size: int
-) -> RewardBatch:
-    examples = [
-        encode_example(tokenizer, p, r, block_size) for p, r in zip(prompts, responses, strict=True)
-    ]
+def pad_examples(examples: Sequence[Example], pad_id: int) -> RewardBatch:
+    """Right-pad tokenized sequences into one batch."""
     width = max(len(e.ids) for e in examples)
-    ids = torch.full((len(examples), width), tokenizer.pad_id, dtype=torch.long)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     for row, example in enumerate(examples):
         ids[row, : len(example.ids)] = torch.tensor(example.ids)
     return RewardBatch(
@@ -82,6 +78,15 @@ def reward_batch(
         lengths=torch.tensor([len(e.ids) for e in examples]),
         response_start=torch.tensor([e.response_start for e in examples]),
     )
+
+
+def reward_batch(
+    tokenizer: Tokenizer, prompts: Sequence[str], responses: Sequence[str], block_size: int
+) -> RewardBatch:
+    examples = [
+        encode_example(tokenizer, p, r, block_size) for p, r in zip(prompts, responses, strict=True)
+    ]
+    return pad_examples(examples, tokenizer.pad_id)
 
 
 def pooled_rewards(model: GPT, batch: RewardBatch, pooling: str) -> Tensor:

@@ -8,20 +8,21 @@ std is recorded: PPO uses both to normalize rewards.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rlhf import checkpoint
-from rlhf.data import COMPARISON_SCHEMA, SFT_SCHEMA, read_rows
+from rlhf.data import COMPARISON_SCHEMA, SFT_SCHEMA, Example, encode_example, read_rows
 from rlhf.model import GPT
 from rlhf.params import Params, group_hash
 from rlhf.reward import (
     normalize_head,
+    pad_examples,
     pooled_rewards,
     ranking_loss,
     ranking_pairs,
-    reward_batch,
     score,
 )
 from rlhf.reward_metrics import comparison_metrics
@@ -35,20 +36,46 @@ RESUME_FILE = paths.RESUME / "rm.pt"
 PARAM_GROUPS = ("seed", "device", "rm")
 
 
+@dataclass(frozen=True)
+class EncodedGroup:
+    """One prompt's responses, tokenized once before training, with their ranks."""
+
+    examples: list[Example]
+    ranks: list[int]
+
+
+def encode_groups(
+    tokenizer: Tokenizer, rows: list[dict[str, Any]], block_size: int
+) -> list[EncodedGroup]:
+    return [
+        EncodedGroup(
+            [encode_example(tokenizer, r["prompt"], x, block_size) for x in r["responses"]],
+            r["ranks"],
+        )
+        for r in rows
+    ]
+
+
 def group_loss(
-    model: GPT, tokenizer: Tokenizer, groups: list[dict[str, Any]], pooling: str
+    model: GPT, groups: list[EncodedGroup], pad_id: int, pooling: str
 ) -> tuple[torch.Tensor, int]:
     """K-way loss of a batch of prompts: their responses in one forward, then all pairs."""
-    batch = reward_batch(
-        tokenizer,
-        [g["prompt"] for g in groups for _ in g["responses"]],
-        [r for g in groups for r in g["responses"]],
-        model.config.block_size,
-    )
+    batch = pad_examples([e for g in groups for e in g.examples], pad_id)
     rewards = pooled_rewards(model, batch, pooling)
-    return ranking_loss(rewards, ranking_pairs([g["ranks"] for g in groups])), int(
-        batch.lengths.sum()
-    )
+    loss = ranking_loss(rewards, ranking_pairs([g.ranks for g in groups]))
+    return loss, int(batch.lengths.sum())
+
+
+@torch.no_grad()
+def mean_group_loss(
+    model: GPT, groups: list[EncodedGroup], pad_id: int, pooling: str, chunk: int
+) -> float:
+    """group_loss over a whole set, `chunk` prompts per forward (each prompt weighs the same)."""
+    total = 0.0
+    for start in range(0, len(groups), chunk):
+        part = groups[start : start + chunk]
+        total += group_loss(model, part, pad_id, pooling)[0].item() * len(part)
+    return total / len(groups)
 
 
 def row_rewards(
@@ -78,10 +105,12 @@ def run() -> dict[str, Any]:
     val = read_rows(paths.COMPARISONS_VAL, COMPARISON_SCHEMA)
     model, _ = checkpoint.load_model(paths.SFT_MODEL, tokenizer, device)
     console.print(f"rm: {len(train)} prompts ({sum(len(r['ranks']) for r in train)} responses)")
+    block, pad, pooling = model.config.block_size, tokenizer.pad_id, p.rm.pooling
+    train_groups = encode_groups(tokenizer, train, block)
+    val_groups = encode_groups(tokenizer, val, block)
 
     def evaluate() -> dict[str, float]:
-        loss, _ = group_loss(model, tokenizer, val, p.rm.pooling)
-        return {"val_loss": float(loss)}
+        return {"val_loss": mean_group_loss(model, val_groups, pad, pooling, p.rm.batch_size)}
 
     fingerprint = group_hash(p, *PARAM_GROUPS) + file_digest(
         paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL, paths.SFT_MODEL
@@ -93,9 +122,7 @@ def run() -> dict[str, Any]:
             p.rm,
             seed=p.seed,
             n_examples=len(train),
-            batch_loss=lambda idx: group_loss(
-                model, tokenizer, [train[i] for i in idx], p.rm.pooling
-            ),
+            batch_loss=lambda idx: group_loss(model, [train_groups[i] for i in idx], pad, pooling),
             evaluate=evaluate,
             device=device,
             resume_file=RESUME_FILE,

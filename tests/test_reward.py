@@ -15,7 +15,7 @@ from rlhf.reward import (
 )
 from rlhf.reward_metrics import comparison_metrics
 from rlhf.tokenizer import save_tokenizer
-from stages.rm import group_loss
+from stages.rm import encode_groups, group_loss, mean_group_loss
 
 
 def logsig(x: float) -> float:
@@ -59,11 +59,12 @@ def test_each_response_is_forwarded_once(model, tok, monkeypatch):
         return original(idx, *args, **kwargs)
 
     monkeypatch.setattr(model, "hidden", counting_hidden)
-    groups = [
+    rows = [
         {"prompt": "p1", "responses": ["a", "b", "c", "d"], "ranks": [0, 1, 2, 3]},
         {"prompt": "p2", "responses": ["e", "f", "g"], "ranks": [2, 1, 0]},
     ]
-    loss, _ = group_loss(model, tok, groups, "last")
+    groups = encode_groups(tok, rows, 64)
+    loss, _ = group_loss(model, groups, tok.pad_id, "last")
     assert rows_seen == [7]  # 4 + 3 responses in one forward, not 2 per each of 6 + 3 pairs
     loss.backward()
     assert model.reward_head.weight.grad is not None
@@ -126,3 +127,19 @@ def test_comparison_metrics_by_hand():
     assert m["acc_gold_by_margin"]["0.5-1"] == 0.5
     assert m["acc_gold_by_margin"]["0-0.1"] is None
     assert m["acc_gold_by_task"] == {"a": pytest.approx(0.6667, abs=1e-4)}
+
+
+def test_chunked_validation_loss_equals_one_big_batch(model, tok):
+    rows = [
+        {
+            "prompt": f"p{i}",
+            "responses": ["a" * i, "b", "cc"],
+            "ranks": [i % 3, (i + 1) % 3, (i + 2) % 3],
+        }
+        for i in range(1, 8)
+    ]
+    groups = encode_groups(tok, rows, 64)
+    whole = group_loss(model, groups, tok.pad_id, "last")[0].item()
+    assert mean_group_loss(model, groups, tok.pad_id, "last", chunk=3) == pytest.approx(
+        whole, rel=1e-5
+    )
