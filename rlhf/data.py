@@ -77,10 +77,11 @@ def validate_rows(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: str |
             ):
                 raise _row_error(path, index, name, f"expected a non-empty list, got {value!r}")
         if "ranks" in schema.names:
-            _validate_ranking(row, index, path)
+            _validate_ranking(row, index, path, allow_empty="gold_scores" in schema.names)
 
 
-def _validate_ranking(row: dict[str, Any], index: int, path: str | Path) -> None:
+def _validate_ranking(row: dict[str, Any], index: int, path: str | Path, allow_empty: bool) -> None:
+    """allow_empty: a policy's sample may be empty (it ended at once), an imported answer not."""
     responses, ranks = row["responses"], row["ranks"]
     if len(responses) < 2:
         raise _row_error(path, index, "responses", "needs at least 2 responses to rank")
@@ -89,7 +90,7 @@ def _validate_ranking(row: dict[str, Any], index: int, path: str | Path) -> None
             path, index, "ranks", f"has {len(ranks)} ranks for {len(responses)} responses"
         )
     for position, text in enumerate(responses):
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str) or not (text.strip() or allow_empty):
             raise _row_error(path, index, "responses", f"item {position} is empty or not text")
     if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise _row_error(path, index, "ranks", f"expected non-negative integers, got {ranks!r}")

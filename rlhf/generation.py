@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from rlhf.model import GPT, KVCache
@@ -60,19 +59,61 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, T
     return ids, mask
 
 
-def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
-    """Set logits outside the top-k and the top-p nucleus to -inf. logits [B, V]."""
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # drop a token when the mass before it already reaches top_p (the first always stays)
-        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+# Exact top-p first looks for the nucleus among this many most likely tokens: a trained model's
+# nucleus almost always lies there, and a partial sort of them costs a fraction of a full sort.
+PARTIAL_SORT = 256
+
+
+def candidates(logits: Tensor, top_k: int, top_p: float) -> tuple[Tensor, Tensor]:
+    """The tokens top-k/top-p may keep, most likely first: (probs [B, C], token ids [B, C]).
+
+    With top-k, the k best renormalized (as top-p then sees them). With top-p alone, the
+    PARTIAL_SORT best when they hold `top_p` of the mass in every row, else the full sort:
+    either way the nucleus is exact.
+    """
+    probs = logits.softmax(dim=-1)
+    vocab = probs.shape[-1]
+    if top_k and top_k < vocab:
+        values, ids = torch.topk(probs, top_k, dim=-1)
+        return values / values.sum(-1, keepdim=True), ids
+    if vocab > PARTIAL_SORT:
+        values, ids = torch.topk(probs, PARTIAL_SORT, dim=-1)
+        if bool((values.sum(-1) >= top_p).all()):
+            return values, ids
+    return torch.sort(probs, dim=-1, descending=True)
+
+
+def nucleus(sorted_probs: Tensor, top_p: float) -> Tensor:
+    """Zero the probabilities [B, C] (sorted, descending) outside the top-p nucleus: a token
+    is dropped when the mass before it already reaches top_p, so the first always stays."""
+    if top_p >= 1.0:
+        return sorted_probs
+    return sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, 0.0)
+
+
+def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One index per row [B] from unnormalized probs [B, V] by inverting the cumulative sum.
+
+    `torch.multinomial` draws an exponential variate for every entry of the [B, V] table and
+    took a third of each decoding step; this draws one uniform per row. Entries of zero
+    probability are never picked: their cumulative mass equals their predecessor's.
+    """
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def choose_tokens(
+    logits: Tensor, config: SamplingConfig, generator: torch.Generator | None
+) -> Tensor:
+    """Next token ids [B] from temperature-scaled logits [B, V]."""
+    if config.greedy:
+        return logits.argmax(dim=-1)
+    if not config.top_k and config.top_p >= 1.0:
+        return sample_from(logits.softmax(dim=-1), generator)
+    probs, ids = candidates(logits, config.top_k, config.top_p)
+    choice = sample_from(nucleus(probs, config.top_p), generator)
+    return ids.gather(-1, choice[:, None]).squeeze(-1)
 
 
 @torch.no_grad()
@@ -109,11 +150,7 @@ def generate(
         # log-probs under the policy itself (what a full forward pass recomputes); sampling
         # never picks padding, which is no answer token
         choosable = scaled.index_fill(-1, pad_index, float("-inf"))
-        if config.greedy:
-            next_token = choosable.argmax(dim=-1)
-        else:
-            probs = filter_logits(choosable, config.top_k, config.top_p).softmax(dim=-1)
-            next_token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        next_token = choose_tokens(choosable, config, generator)
         token_logprob = scaled.log_softmax(dim=-1).gather(-1, next_token[:, None]).squeeze(-1)
         active = ~finished
         tokens[:, step] = torch.where(active, next_token, pad_id)
@@ -164,10 +201,3 @@ def generate_texts(
         if on_batch:
             on_batch(len(rows))
     return answers
-
-
-def sequence_logprobs(model: GPT, ids: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
-    """Log-prob of each token given its prefix, [B, L-1], for ids/mask [B, L]: what the
-    sampler recorded, recomputed in one pass (PPO's ratios, DPO's sequence log-probs)."""
-    logits = model(ids, mask)[:, :-1].float() / temperature
-    return F.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)

@@ -35,31 +35,50 @@ def _flip_share(gold: torch.Tensor, noisy: torch.Tensor) -> float:
     return float(disagree[distinct].float().mean())
 
 
-def noisy_rankings(gold_scores: Sequence[Sequence[float]], target_flip: float, seed: int) -> Labels:
-    generator = torch.Generator().manual_seed(seed)
-    sizes = [len(row) for row in gold_scores]
-    gold = torch.tensor([s for row in gold_scores for s in row], dtype=torch.float64)
-    normal = torch.randn(len(gold), generator=generator, dtype=torch.float64)
-    tie_break = torch.rand(len(gold), generator=generator, dtype=torch.float64) * 1e-9
-
+def _pairs(sizes: Sequence[int]) -> torch.Tensor:
+    """[P, 2] flat indices of every within-row pair."""
     pair_index, offset = [], 0
     for size in sizes:
         pair_index += [(offset + i, offset + j) for i, j in combinations(range(size), 2)]
         offset += size
-    index = torch.tensor(pair_index, dtype=torch.long)  # [P, 2]
+    return torch.tensor(pair_index, dtype=torch.long).reshape(-1, 2)
+
+
+def _draws(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard normal noise and a tiny random tie-break for n scores."""
+    generator = torch.Generator().manual_seed(seed)
+    normal = torch.randn(n, generator=generator, dtype=torch.float64)
+    return normal, torch.rand(n, generator=generator, dtype=torch.float64) * 1e-9
+
+
+def noise_scale(gold_scores: Sequence[Sequence[float]], target_flip: float, seed: int) -> float:
+    """The noise std at which labelers rank `target_flip` of these rows' pairs against gold."""
+    if target_flip <= 0:
+        return 0.0
+    gold = torch.tensor([s for row in gold_scores for s in row], dtype=torch.float64)
+    normal, _ = _draws(len(gold), seed)
+    index = _pairs([len(row) for row in gold_scores])
 
     def share(scale: float) -> float:
         return _flip_share(gold[index], (gold + scale * normal)[index])
 
     low, high = 0.0, 1.0
-    while target_flip > 0 and share(high) < target_flip and high < 1e6:
+    while share(high) < target_flip and high < 1e6:
         high *= 2
     scale = 0.0
-    if target_flip > 0:
-        for _ in range(50):  # bisection: the flip share grows with the noise scale
-            scale = (low + high) / 2
-            low, high = (scale, high) if share(scale) < target_flip else (low, scale)
+    for _ in range(50):  # bisection: the flip share grows with the noise scale
+        scale = (low + high) / 2
+        low, high = (scale, high) if share(scale) < target_flip else (low, scale)
+    return scale
+
+
+def rank_with_noise(gold_scores: Sequence[Sequence[float]], scale: float, seed: int) -> Labels:
+    """Rank each row by gold score plus Gaussian noise of std `scale`."""
+    sizes = [len(row) for row in gold_scores]
+    gold = torch.tensor([s for row in gold_scores for s in row], dtype=torch.float64)
+    normal, tie_break = _draws(len(gold), seed)
     noisy = gold + scale * normal + tie_break
+    index = _pairs(sizes)
 
     ranks, offset = [], 0
     for size in sizes:
@@ -72,7 +91,26 @@ def noisy_rankings(gold_scores: Sequence[Sequence[float]], target_flip: float, s
     ties = (gold[index[:, 0]] == gold[index[:, 1]]).float().mean() if len(index) else 0.0
     return Labels(
         ranks=ranks,
-        flip_share=round(share(scale), 4),
+        flip_share=round(_flip_share(gold[index], noisy[index]), 4),
         tie_share=round(float(ties), 4),
         noise_scale=round(scale, 6),
     )
+
+
+def disagreement(
+    gold_scores: Sequence[Sequence[float]], ranks: Sequence[Sequence[int]]
+) -> tuple[float, float]:
+    """(share of gold-distinct pairs ranked against gold, share of pairs tied in gold)."""
+    flipped = distinct = total = 0
+    for gold, rank in zip(gold_scores, ranks, strict=True):
+        for i, j in combinations(range(len(gold)), 2):
+            total += 1
+            if gold[i] != gold[j]:
+                distinct += 1
+                flipped += (gold[i] > gold[j]) != (rank[i] < rank[j])
+    return round(flipped / max(distinct, 1), 4), round((total - distinct) / max(total, 1), 4)
+
+
+def noisy_rankings(gold_scores: Sequence[Sequence[float]], target_flip: float, seed: int) -> Labels:
+    """Rankings whose share of pairs flipped against gold is `target_flip`."""
+    return rank_with_noise(gold_scores, noise_scale(gold_scores, target_flip, seed), seed)

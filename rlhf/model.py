@@ -26,6 +26,11 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True
+    mlp_width: int = 0  # hidden units of each MLP; 0 means GPT-2's 4 * n_embd
+
+    @property
+    def mlp_hidden(self) -> int:
+        return self.mlp_width or 4 * self.n_embd
 
 
 def attention_mask_and_positions(key_mask: Tensor, start: int) -> tuple[Tensor, Tensor]:
@@ -118,8 +123,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:

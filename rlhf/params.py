@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
+from rlhf.rules import RULES
+
 
 class ParamsError(ValueError):
     """A params file that does not match the schema."""
@@ -68,6 +70,7 @@ class ModelParams:
     n_head: int = spec(4, "Attention heads; must divide n_embd.", ge=1, le=128)
     n_embd: int = spec(128, "Residual stream width.", ge=8, le=16384)
     block_size: int = spec(96, "Context length in tokens (prompt + response).", ge=8, le=32768)
+    mlp_width: int = spec(0, "Hidden units per MLP; 0 means 4 * n_embd as in GPT-2.", ge=0)
     dropout: float = spec(
         0.0, "Dropout in training. Keep 0 for RL: it makes PPO's ratios noisy.", ge=0.0, lt=1.0
     )
@@ -137,6 +140,23 @@ class CollectParams:
     )
     k: int = spec(4, "Responses sampled and ranked per prompt (InstructGPT used 4 to 9).", ge=2)
     include_demo: bool = spec(False, "Add the prompt's SFT demonstration to its K samples.")
+    explore: int = spec(
+        2,
+        "Answers per training prompt sampled at `explore_temperature` and added to its "
+        "ranking: the truncated, repetitive and off-topic answers that a policy under "
+        "optimization finds, which a reward model must have seen to score low. Held-out "
+        "comparisons never get them.",
+        ge=0,
+    )
+    explore_temperature: float = spec(1.6, "Sampling temperature of the `explore` answers.", gt=0)
+    mismatched: int = spec(
+        3,
+        "Answers sampled for other prompts of the same task added to each training prompt's "
+        "ranking. Without them the RM can score how an answer looks and ignore what was asked "
+        "(`Hello, Irene!` to `Greet Xavier.`), which PPO would exploit. Needs the gold judge "
+        "(`source: policy`); held-out comparisons never get them.",
+        ge=0,
+    )
     temperature: float = spec(1.0, "Sampling temperature.", gt=0.0)
     top_p: float = spec(1.0, "Nucleus sampling mass.", gt=0.0, le=1.0)
     max_new_tokens: int = spec(32, "Answer length cap.", ge=1)
@@ -153,7 +173,7 @@ class CollectParams:
 
 @dataclass(frozen=True)
 class RMParams(OptimParams):
-    epochs: int = spec(2, "Passes over the comparisons.", ge=1)
+    epochs: int = spec(3, "Passes over the comparisons.", ge=1)
     batch_size: int = spec(16, "Prompts per step; each brings all its C(K,2) pairs.", ge=1)
     lr: float = spec(
         3e-4, "Peak AdamW learning rate; higher rates erode the SFT features.", gt=0.0, le=1.0
@@ -166,6 +186,80 @@ class RMParams(OptimParams):
         1000, "SFT demonstrations scored to set the reward's zero mean and record its std.", ge=1
     )
     eval_batch_size: int = spec(256, "Sequences per batch when scoring.", ge=1)
+
+
+@dataclass(frozen=True)
+class PPOParams:
+    """PPO on the SFT policy against the reward model (InstructGPT section 3.5)."""
+
+    steps: int = spec(120, "PPO iterations, each one rollout batch and its updates.", ge=1)
+    batch_size: int = spec(64, "Prompts per rollout.", ge=1)
+    minibatch_size: int = spec(16, "Responses per gradient step in the update.", ge=1)
+    ppo_epochs: int = spec(4, "Passes over each rollout batch.", ge=1)
+    lr: float = spec(1e-4, "Policy peak AdamW learning rate.", gt=0.0, le=1.0)
+    critic_lr: float = spec(1e-3, "Critic peak AdamW learning rate.", gt=0.0, le=1.0)
+    min_lr_ratio: float = spec(
+        1.0, "Cosine decay floor as a share of lr (1 = constant).", ge=0.0, le=1.0
+    )
+    warmup_steps: int = spec(0, "Linear warmup iterations.", ge=0)
+    weight_decay: float = spec(0.0, "AdamW decay on matrices.", ge=0.0)
+    beta1: float = spec(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
+    beta2: float = spec(0.95, "AdamW beta2.", ge=0.0, lt=1.0)
+    grad_clip: float = spec(1.0, "Global gradient-norm clip per model; 0 disables.", ge=0.0)
+    bf16: bool = spec(True, "bf16 autocast on CUDA (ignored on CPU).")
+    critic: Literal["separate", "shared"] = spec(
+        "separate",
+        "`separate`: a critic initialized from the reward model (the paper's choice); "
+        "`shared`: a value head on the policy trunk (half the compute, coupled updates).",
+    )
+    reward: str = spec(
+        "rm",
+        "`rm`: the reward model's score at the end token, divided by its recorded std; "
+        "`rule:NAME`: a reward function registered in rlhf/rules.py (`rule:contains_number`, "
+        "`rule:gold`); `ensemble`: the reward model plus the checkpoints in `ensemble`, "
+        "combined by `ensemble_reduce` (min resists reward hacking).",
+    )
+    ensemble: tuple[str, ...] = spec((), "Extra reward-model checkpoints for `reward: ensemble`.")
+    ensemble_reduce: Literal["mean", "min"] = spec("min", "How ensemble scores combine.")
+    kl_coef: float = spec(0.2, "Initial KL penalty coefficient beta.", ge=0.0)
+    kl_target: float = spec(
+        0.0, "Adaptive KL: target KL per response (nats); 0 keeps beta fixed.", ge=0.0
+    )
+    kl_horizon: int = spec(10_000, "Adaptive KL horizon in samples (Ziegler et al.).", ge=1)
+    kl_estimator: Literal["k1", "k3"] = spec(
+        "k1", "KL estimator for logging; the penalty in the reward is always k1 per token."
+    )
+    gamma: float = spec(1.0, "Discount.", ge=0.0, le=1.0)
+    lam: float = spec(0.95, "GAE lambda.", ge=0.0, le=1.0)
+    cliprange: float = spec(0.2, "PPO ratio clip.", gt=0.0)
+    cliprange_value: float = spec(0.2, "Value clip around the rollout values.", gt=0.0)
+    vf_coef: float = spec(0.5, "Value-loss weight (shared critic only).", ge=0.0)
+    entropy_coef: float = spec(0.0, "Entropy bonus weight.", ge=0.0)
+    target_approx_kl: float = spec(
+        0.0,
+        "Stop an iteration's inner epochs once approx-KL to the rollout policy exceeds "
+        "this; 0 never stops early.",
+        ge=0.0,
+    )
+    ptx_coef: float = spec(
+        0.0, "PPO-ptx: weight of the SFT language-model loss mixed into each update.", ge=0.0
+    )
+    ptx_batch_size: int = spec(16, "SFT demonstrations per PPO-ptx term.", ge=1)
+    missing_eos_penalty: float = spec(
+        1.0, "Subtracted from the score of a response that never emitted the end token.", ge=0.0
+    )
+    length_penalty: float = spec(0.0, "Subtracted from the score per response token.", ge=0.0)
+    reward_clip: float = spec(5.0, "Scores are clipped to [-reward_clip, reward_clip].", gt=0.0)
+    temperature: float = spec(1.0, "Rollout sampling temperature.", gt=0.0)
+    top_k: int = spec(0, "Rollout top-k; 0 keeps every token.", ge=0)
+    top_p: float = spec(1.0, "Rollout nucleus mass.", gt=0.0, le=1.0)
+    max_new_tokens: int = spec(32, "Response length cap.", ge=1)
+    save_every: int = spec(10, "Iterations between resume checkpoints.", ge=1)
+    log_samples_every: int = spec(10, "Iterations between logged sample answers.", ge=1)
+    eval_batch_size: int = spec(128, "Prompts per batched generation in evaluation.", ge=1)
+    eval_samples: int = spec(
+        4, "Answers sampled per held-out prompt, per policy, for the gold evaluation.", ge=1
+    )
 
 
 @dataclass(frozen=True)
@@ -184,12 +278,21 @@ class Params:
         default_factory=CollectParams, metadata={"doc": "Comparison collection stage."}
     )
     rm: RMParams = field(default_factory=RMParams, metadata={"doc": "Reward model stage."})
+    ppo: PPOParams = field(default_factory=PPOParams, metadata={"doc": "PPO stage."})
 
     def __post_init__(self) -> None:
         if self.model.n_embd % self.model.n_head:
             raise ParamsError(
                 f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"
             )
+        reward = self.ppo.reward
+        if reward not in ("rm", "ensemble") and reward.removeprefix("rule:") not in RULES:
+            raise ParamsError(
+                f"ppo.reward = {reward!r} is not 'rm', 'ensemble' or one of "
+                + ", ".join(f"'rule:{name}'" for name in RULES)
+            )
+        if reward == "ensemble" and not self.ppo.ensemble:
+            raise ParamsError("ppo.reward = 'ensemble' needs checkpoints in ppo.ensemble")
         unknown = sorted(set(self.data.tasks) - set(TASK_FAMILIES))
         if unknown or not self.data.tasks:
             raise ParamsError(

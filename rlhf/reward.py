@@ -29,24 +29,30 @@ class Pairs:
     weight: Tensor  # [P] 1 / (C(K,2) of its prompt * prompts): each prompt weighs the same
 
 
-def ranking_pairs(ranks: Sequence[Sequence[int]]) -> Pairs:
+def ranking_pairs(
+    ranks: Sequence[Sequence[int]], rows: Sequence[Sequence[int]] | None = None
+) -> Pairs:
     """Pairs of every prompt's responses, rows numbered across the flattened batch.
 
     `ranks[g][i]` is the rank of response i of prompt g, 0 = best. Equal ranks give no pair.
+    `rows[g][i]` is the batch row, counted within prompt g, that holds response i: a response
+    sampled twice is forwarded once and its pairs point at one row (by default each response
+    has its own row). The loss is unchanged; a pair of two copies has margin 0 and no gradient.
     """
     better, worse, weight = [], [], []
     offset = 0
-    for group in ranks:
+    for g, group in enumerate(ranks):
+        row_of = rows[g] if rows is not None else range(len(group))
         group_pairs = [
-            (offset + i, offset + j) if group[i] < group[j] else (offset + j, offset + i)
+            (i, j) if group[i] < group[j] else (j, i)
             for i, j in combinations(range(len(group)), 2)
             if group[i] != group[j]
         ]
         for b, w in group_pairs:
-            better.append(b)
-            worse.append(w)
+            better.append(offset + row_of[b])
+            worse.append(offset + row_of[w])
             weight.append(1.0 / (len(group_pairs) * len(ranks)))
-        offset += len(group)
+        offset += max(row_of, default=-1) + 1
     return Pairs(
         better=torch.tensor(better, dtype=torch.long),
         worse=torch.tensor(worse, dtype=torch.long),

@@ -7,7 +7,10 @@ import math
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from rlhf.data import IGNORE_INDEX
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -38,6 +41,14 @@ def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> 
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def masked_lm_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the targets that are not IGNORE_INDEX."""
+    logits = model(inputs)  # [B, T, V]
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+    )
 
 
 @contextlib.contextmanager

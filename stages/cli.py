@@ -87,6 +87,14 @@ def rm() -> None:
 
 
 @app.command()
+def ppo() -> None:
+    """Optimize the SFT policy against the reward model with PPO (stage `ppo`); resumes."""
+    from stages import ppo as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
 def generate(
     checkpoint_path: Annotated[Path, typer.Argument(help="Policy checkpoint (.pt).")] = (
         paths.SFT_MODEL

@@ -26,7 +26,7 @@ from rlhf.data import (
     write_rows,
 )
 from rlhf.generation import SamplingConfig, generate_texts
-from rlhf.labeling import noisy_rankings
+from rlhf.labeling import disagreement, noise_scale, rank_with_noise
 from rlhf.params import CollectParams
 from rlhf.tasks import gold_score
 from rlhf.tokenizer import load_tokenizer
@@ -34,13 +34,13 @@ from rlhf.training import resolve_device
 from stages import paths
 from stages.common import console, params, progress
 
-# An immediate end token decodes to "", which the ranked schema rejects as empty text; this
-# stand-in keeps the sample (the judge scores it low, as it should an empty answer).
-NO_ANSWER = "(no answer)"
-
 
 def sample_comparisons(c: CollectParams, seed: int, device_choice: str) -> tuple[list, dict]:
-    """Rows of K ranked SFT samples per training prompt, and collection statistics."""
+    """Rows of K gold-scored SFT samples per training prompt, and sampling statistics.
+
+    Each row also carries `explore`: `c.explore` answers sampled at `c.explore_temperature`,
+    which `run` adds to training rows only.
+    """
     device = resolve_device(device_choice)
     tokenizer = load_tokenizer(paths.TOKENIZER)
     policy, _ = checkpoint.load_model(paths.SFT_MODEL, tokenizer, device)
@@ -49,31 +49,33 @@ def sample_comparisons(c: CollectParams, seed: int, device_choice: str) -> tuple
     if c.include_demo:
         for row in read_rows(paths.SFT_TRAIN, SFT_SCHEMA):
             demos.setdefault(row["prompt"], row["response"])
-
-    repeated = [row["prompt"] for row in prompts for _ in range(c.k)]
-    config = SamplingConfig(
-        max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p
-    )
+    generator = torch.Generator(device).manual_seed(seed)
+    per_prompt = c.k + c.explore
     started = time.perf_counter()
     with progress() as bar:
-        task = bar.add_task("collect", total=len(repeated), extra=f"K={c.k}")
-        samples = generate_texts(
-            policy,
-            tokenizer,
-            repeated,
-            config,
-            batch_size=c.batch_size,
-            generator=torch.Generator(device).manual_seed(seed),
-            on_batch=lambda n: bar.update(task, advance=n),
-        )
+        task = bar.add_task("collect", total=len(prompts) * per_prompt, extra=f"K={c.k}")
+
+        def sample(n: int, temperature: float) -> list[str]:
+            return generate_texts(
+                policy,
+                tokenizer,
+                [row["prompt"] for row in prompts for _ in range(n)],
+                SamplingConfig(
+                    max_new_tokens=c.max_new_tokens, temperature=temperature, top_p=c.top_p
+                ),
+                batch_size=c.batch_size,
+                generator=generator,
+                on_batch=lambda done: bar.update(task, advance=done),
+            )
+
+        samples = sample(c.k, c.temperature)
+        explored = sample(c.explore, c.explore_temperature) if c.explore else []
     seconds = time.perf_counter() - started
 
     rows: list[dict[str, Any]] = []
     for index, prompt_row in enumerate(prompts):
         prompt = prompt_row["prompt"]
-        responses = [s if s.strip() else NO_ANSWER for s in samples[index * c.k :][: c.k]]
-        if prompt in demos:
-            responses.append(demos[prompt])
+        responses = samples[index * c.k :][: c.k] + ([demos[prompt]] if prompt in demos else [])
         rows.append(
             {
                 "prompt": prompt,
@@ -81,22 +83,76 @@ def sample_comparisons(c: CollectParams, seed: int, device_choice: str) -> tuple
                 "task": prompt_row["task"],
                 "source": "sft-samples" + ("+demo" if prompt in demos else ""),
                 "gold_scores": [gold_score(prompt, r) for r in responses],
+                "explore": explored[index * c.explore :][: c.explore],
             }
         )
-    labels = noisy_rankings([r["gold_scores"] for r in rows], c.label_noise, seed)
-    for row, ranks in zip(rows, labels.ranks, strict=True):
-        row["ranks"] = ranks
-    generated_tokens = sum(len(tokenizer.encode(s)) + 1 for s in samples)
+    generated_tokens = sum(len(tokenizer.encode(s)) + 1 for s in samples + explored)
     all_gold = [g for r in rows for g in r["gold_scores"]]
     stats = {
-        "label_flip_share": labels.flip_share,
-        "gold_tie_share": labels.tie_share,
-        "label_noise_scale": labels.noise_scale,
         "gold_mean_of_samples": round(sum(all_gold) / len(all_gold), 4),
         "sampling_seconds": round(seconds, 2),
         "sampling_tokens_per_s": round(generated_tokens / seconds),
     }
     return rows, stats
+
+
+def with_answers(row: dict[str, Any], answers: list[str], source: str) -> dict[str, Any]:
+    """The row with extra candidate answers, each scored by the judge."""
+    if not answers:
+        return row
+    return {
+        **row,
+        "responses": row["responses"] + answers,
+        "gold_scores": row["gold_scores"] + [gold_score(row["prompt"], x) for x in answers],
+        "source": f"{row['source']}+{source}",
+    }
+
+
+def with_mismatched(rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+    """Each row plus `n` answers sampled for other prompts of its task, scored by the judge.
+
+    Answers to a sibling prompt look exactly like good answers and differ only in fitting the
+    prompt, so ranking them teaches the reward model to read the prompt. A sibling's answer that
+    happens to fit (a refusal is a refusal) is scored as such: these are candidates, not
+    negatives by decree.
+    """
+    if n == 0:
+        return rows
+    rng = random.Random(seed)
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_task.setdefault(row["task"], []).append(row)
+    out = []
+    for row in rows:
+        siblings = [r for r in by_task[row["task"]] if r["prompt"] != row["prompt"]]
+        extra = (
+            [rng.choice(rng.choice(siblings)["responses"]) for _ in range(n)] if siblings else []
+        )
+        out.append(with_answers(row, extra, "mismatched"))
+    return out
+
+
+def label(
+    rows: list[dict[str, Any]], sampled: list[int], c: CollectParams, seed: int
+) -> dict[str, float]:
+    """Rank every row with one labeler noise level, calibrated on the sampled answers alone
+    (`sampled[i]`: how many of row i's responses were sampled for its own prompt).
+
+    Noise is a property of the labelers: mismatched answers are easy calls and would otherwise
+    inflate the noise needed to reach `label_noise` over all pairs.
+    """
+    own = [r["gold_scores"][:n] for r, n in zip(rows, sampled, strict=True)]
+    scale = noise_scale(own, c.label_noise, seed)
+    labels = rank_with_noise([r["gold_scores"] for r in rows], scale, seed)
+    for row, ranks in zip(rows, labels.ranks, strict=True):
+        row["ranks"] = ranks
+    flips, ties = disagreement(own, [r["ranks"][:n] for r, n in zip(rows, sampled, strict=True)])
+    return {
+        "label_flip_share": flips,
+        "label_flip_share_with_mismatched": labels.flip_share,
+        "gold_tie_share": ties,
+        "label_noise_scale": labels.noise_scale,
+    }
 
 
 def imported_comparisons() -> list[dict[str, Any]]:
@@ -131,12 +187,19 @@ def run() -> dict[str, Any]:
     c = p.collect
     if c.source == "policy":
         rows, stats = sample_comparisons(c, p.seed, p.device)
+        train, val = split_by_prompt(rows, c.val_fraction, p.seed)
+        sampled = [len(r["responses"]) for r in train + val]
+        train = with_mismatched(train, c.mismatched, p.seed)
+        train = [with_answers(r, r["explore"], "explore") for r in train]
+        for row in train + val:
+            del row["explore"]
+        stats |= label(train + val, sampled, c, p.seed)
     else:
         rows, stats = imported_comparisons(), {}
-    train, val = split_by_prompt(rows, c.val_fraction, p.seed)
+        train, val = split_by_prompt(rows, c.val_fraction, p.seed)
     write_rows(paths.COMPARISONS_TRAIN, train, COMPARISON_SCHEMA)
     write_rows(paths.COMPARISONS_VAL, val, COMPARISON_SCHEMA)
-    pairs = sum(len(r["responses"]) * (len(r["responses"]) - 1) // 2 for r in rows)
+    pairs = sum(len(r["responses"]) * (len(r["responses"]) - 1) // 2 for r in train + val)
     metrics = {
         "prompts": len(rows),
         "prompts_train": len(train),

@@ -22,6 +22,8 @@ COMPARISONS_VAL = COLLECTED / "comparisons_val.parquet"
 TOKENIZER = Path("artifacts/tokenizer")
 SFT_MODEL = Path("artifacts/sft/model.pt")
 RM_MODEL = Path("artifacts/rm/model.pt")
+PPO_MODEL = Path("artifacts/ppo/model.pt")
+PPO_SAMPLES = Path("artifacts/ppo/samples.jsonl")
 
 METRICS = Path("metrics")
 SFT_METRICS = METRICS / "sft.json"
@@ -31,6 +33,8 @@ COLLECT_METRICS = METRICS / "collect.json"
 RM_METRICS = METRICS / "rm.json"
 RM_STEPS = METRICS / "rm_steps.csv"
 RM_EPOCHS = METRICS / "rm_epochs.csv"
+PPO_METRICS = METRICS / "ppo.json"
+PPO_STEPS = METRICS / "ppo_steps.csv"
 
 # Resume state lives outside every stage's outs: DVC deletes outs before rerunning a stage.
 RESUME = Path(".rlhf/resume")

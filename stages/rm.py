@@ -38,22 +38,35 @@ PARAM_GROUPS = ("seed", "device", "rm")
 
 @dataclass(frozen=True)
 class EncodedGroup:
-    """One prompt's responses, tokenized once before training, with their ranks."""
+    """One prompt's distinct responses, tokenized once before training, and its ranking.
+
+    Sampling repeats answers (a greeting has few ways to be right); each distinct response is
+    forwarded once, and `rows` maps every ranked response to the example that holds it.
+    """
 
     examples: list[Example]
+    rows: list[int]
     ranks: list[int]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.ids) for e in self.examples)
 
 
 def encode_groups(
     tokenizer: Tokenizer, rows: list[dict[str, Any]], block_size: int
 ) -> list[EncodedGroup]:
-    return [
-        EncodedGroup(
-            [encode_example(tokenizer, r["prompt"], x, block_size) for x in r["responses"]],
-            r["ranks"],
+    groups = []
+    for r in rows:
+        distinct = list(dict.fromkeys(r["responses"]))
+        groups.append(
+            EncodedGroup(
+                [encode_example(tokenizer, r["prompt"], x, block_size) for x in distinct],
+                [distinct.index(x) for x in r["responses"]],
+                r["ranks"],
+            )
         )
-        for r in rows
-    ]
+    return groups
 
 
 def group_loss(
@@ -62,8 +75,8 @@ def group_loss(
     """K-way loss of a batch of prompts: their responses in one forward, then all pairs."""
     batch = pad_examples([e for g in groups for e in g.examples], pad_id)
     rewards = pooled_rewards(model, batch, pooling)
-    loss = ranking_loss(rewards, ranking_pairs([g.ranks for g in groups]))
-    return loss, int(batch.lengths.sum())
+    pairs = ranking_pairs([g.ranks for g in groups], [g.rows for g in groups])
+    return ranking_loss(rewards, pairs), int(batch.lengths.sum())
 
 
 @torch.no_grad()
@@ -122,6 +135,7 @@ def run() -> dict[str, Any]:
             p.rm,
             seed=p.seed,
             n_examples=len(train),
+            lengths=[g.tokens for g in train_groups],
             batch_loss=lambda idx: group_loss(model, [train_groups[i] for i in idx], pad, pooling),
             evaluate=evaluate,
             device=device,

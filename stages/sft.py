@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from rlhf import checkpoint
 from rlhf.data import (
@@ -27,19 +26,12 @@ from rlhf.model import GPT, GPTConfig
 from rlhf.params import Params, group_hash
 from rlhf.tokenizer import Tokenizer, load_tokenizer
 from rlhf.trainer import fit
-from rlhf.training import resolve_device
+from rlhf.training import masked_lm_loss, resolve_device
 from stages import paths
 from stages.common import console, file_digest, params, progress, publish_training
 
 RESUME_FILE = paths.RESUME / "sft.pt"
 PARAM_GROUPS = ("seed", "device", "model", "sft")
-
-
-def masked_lm_loss(model: GPT, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = model(inputs)  # [B, T, V]
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
-    )
 
 
 @torch.no_grad()
@@ -93,6 +85,7 @@ def run() -> dict[str, Any]:
             n_layer=p.model.n_layer,
             n_head=p.model.n_head,
             n_embd=p.model.n_embd,
+            mlp_width=p.model.mlp_width,
             dropout=p.model.dropout,
             bias=p.model.bias,
         )

@@ -27,8 +27,20 @@ TINY_PARAMS = {
         "save_every": 5,
         "eval_max_new_tokens": 12,
     },
-    "collect": {"k": 3, "max_new_tokens": 12, "val_fraction": 0.2},
+    "collect": {"k": 3, "mismatched": 1, "explore": 1, "max_new_tokens": 12, "val_fraction": 0.2},
     "rm": {"epochs": 1, "batch_size": 8, "lr": 0.002, "warmup_steps": 2, "norm_samples": 64},
+    "ppo": {
+        "steps": 4,
+        "batch_size": 8,
+        "minibatch_size": 4,
+        "ppo_epochs": 2,
+        "max_new_tokens": 12,
+        "save_every": 2,
+        "log_samples_every": 2,
+        "eval_samples": 1,
+        "ptx_coef": 0.5,
+        "ptx_batch_size": 4,
+    },
 }
 
 
@@ -85,6 +97,7 @@ def trained_project(tmp_path_factory) -> Path:
         "stages.sft",
         "stages.collect",
         "stages.rm",
+        "stages.ppo",
     ):
         run_module(module, project)
     return project

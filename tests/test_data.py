@@ -3,6 +3,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlhf.data import (
+    COMPARISON_SCHEMA,
     IGNORE_INDEX,
     PREFERENCE_SCHEMA,
     PROMPT_SCHEMA,
@@ -95,6 +96,16 @@ def test_rank_lists_must_match_responses(tmp_path, responses, ranks, field, prob
     bad = {**good, "responses": responses, "ranks": ranks}
     path = write_raw(tmp_path / "r.parquet", [good, bad], RANKED_SCHEMA)
     with pytest.raises(DataError, match=rf"r.parquet: row 1, field '{field}': {problem}"):
+        read_rows(path, RANKED_SCHEMA)
+
+
+def test_a_collected_sample_may_be_empty_an_imported_answer_not(tmp_path):
+    row = {"prompt": "p", "responses": ["x", ""], "ranks": [0, 1], "task": "t", "source": "s"}
+    collected = {**row, "gold_scores": [1.0, 0.0]}
+    path = write_raw(tmp_path / "c.parquet", [collected], COMPARISON_SCHEMA)
+    assert read_rows(path, COMPARISON_SCHEMA)[0]["responses"] == ["x", ""]
+    path = write_raw(tmp_path / "r.parquet", [row], RANKED_SCHEMA)
+    with pytest.raises(DataError, match="item 1 is empty"):
         read_rows(path, RANKED_SCHEMA)
 
 

@@ -29,7 +29,7 @@ def dvc_project(tmp_path_factory):
 
 
 def test_first_repro_runs_every_stage(dvc_project):
-    assert repro(dvc_project) == {"prepare", "tokenizer", "sft", "collect", "rm"}
+    assert repro(dvc_project) == {"prepare", "tokenizer", "sft", "collect", "rm", "ppo"}
     assert (dvc_project / "artifacts" / "sft" / "model.pt").exists()
     shown = sh(["dvc", "metrics", "show", "--json"], dvc_project).stdout
     assert "gold_greedy" in shown
@@ -41,17 +41,25 @@ def test_second_repro_does_no_work(dvc_project):
 
 def test_changing_rm_lr_reruns_rm_but_not_sft_or_collect(dvc_project):
     write_params(dvc_project, {"rm.lr": 0.003})
-    assert repro(dvc_project) == {"rm"}
+    assert repro(dvc_project) == {"rm", "ppo"}
+
+
+def test_changing_kl_coef_reruns_ppo_only(dvc_project):
+    write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3})
+    assert repro(dvc_project) == {"ppo"}
 
 
 def test_changing_sft_lr_reruns_sft_and_downstream(dvc_project):
-    write_params(dvc_project, {"rm.lr": 0.003, "sft.lr": 0.02})
-    assert repro(dvc_project) == {"sft", "collect", "rm"}
+    write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "sft.lr": 0.02})
+    assert repro(dvc_project) == {"sft", "collect", "rm", "ppo"}
 
 
 def test_changing_tokenizer_reruns_it_and_downstream(dvc_project):
-    write_params(dvc_project, {"rm.lr": 0.003, "sft.lr": 0.02, "tokenizer.vocab_size": 350})
-    assert repro(dvc_project) == {"tokenizer", "sft", "collect", "rm"}
+    write_params(
+        dvc_project,
+        {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "sft.lr": 0.02, "tokenizer.vocab_size": 350},
+    )
+    assert repro(dvc_project) == {"tokenizer", "sft", "collect", "rm", "ppo"}
 
 
 def test_stages_declare_exactly_their_param_groups():
@@ -63,6 +71,8 @@ def test_stages_declare_exactly_their_param_groups():
     assert stages["sft"]["params"] == ["seed", "device", "model", "sft"]
     assert stages["collect"]["params"] == ["seed", "device", "collect"]
     assert stages["rm"]["params"] == ["seed", "device", "rm"]
+    assert stages["ppo"]["params"] == ["seed", "device", "ppo"]
+    assert {"artifacts/sft/model.pt", "artifacts/rm/model.pt"} <= set(stages["ppo"]["deps"])
     assert not any(".rlhf" in str(out) for s in stages.values() for out in s.get("outs", []))
 
 

@@ -1,8 +1,17 @@
 import pytest
 import torch
 
-from rlhf.generation import SamplingConfig, filter_logits, generate, left_pad, sequence_logprobs
+from rlhf import generation
+from rlhf.generation import (
+    SamplingConfig,
+    candidates,
+    generate,
+    left_pad,
+    nucleus,
+    sample_from,
+)
 from rlhf.model import GPT, GPTConfig
+from rlhf.rollout import response_forward
 
 EOS, PAD = 1, 2
 
@@ -31,10 +40,13 @@ def test_sampling_logprobs_match_a_full_forward_pass(model):
     out = run(model, SamplingConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=20))
     ids = torch.cat([out.prompt, out.tokens], dim=1)
     mask = torch.cat([out.prompt_mask, out.mask], dim=1)
-    recomputed = sequence_logprobs(model, ids, mask, temperature=0.7)
-    assert recomputed.shape == (3, ids.shape[1] - 1)
-    recomputed = recomputed[:, out.prompt.shape[1] - 1 :]  # the response part
-    torch.testing.assert_close(recomputed[out.mask], out.logprobs[out.mask], atol=1e-4, rtol=0)
+    with torch.no_grad():
+        recomputed = response_forward(model, ids, mask, out.prompt.shape[1], temperature=0.7)
+    assert recomputed.logprobs.shape == out.logprobs.shape
+    assert recomputed.logits.shape[:2] == recomputed.hidden.shape[:2] == out.tokens.shape
+    torch.testing.assert_close(
+        recomputed.logprobs[out.mask], out.logprobs[out.mask], atol=1e-4, rtol=0
+    )
 
 
 def test_rows_stop_at_the_end_token_and_pad_after(model):
@@ -75,17 +87,37 @@ def test_batched_greedy_equals_each_prompt_alone(model):
         assert torch.equal(batched[i], alone)
 
 
-def test_top_k_and_top_p_filtering():
+def kept(logits, top_k, top_p):
+    probs, ids = candidates(logits, top_k, top_p)
+    return sorted(ids[nucleus(probs, top_p) > 0].tolist())
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = torch.isfinite(filter_logits(logits, top_k=2, top_p=1.0))
-    assert kept.tolist() == [[True, True, False, False]]
-    kept = torch.isfinite(filter_logits(logits, top_k=0, top_p=0.75))
-    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.75, 0.8 >= 0.75
-    kept = torch.isfinite(filter_logits(logits, top_k=0, top_p=0.1))
-    assert kept.tolist() == [[True, False, False, False]]  # the top token always stays
-    shuffled = logits[:, [2, 0, 3, 1]]
-    kept = torch.isfinite(filter_logits(shuffled, top_k=0, top_p=0.75))
-    assert kept.tolist() == [[False, True, False, True]]
+    assert kept(logits, top_k=2, top_p=1.0) == [0, 1]
+    assert kept(logits, top_k=0, top_p=0.75) == [0, 1]  # 0.5 < 0.75, 0.8 >= 0.75
+    assert kept(logits, top_k=0, top_p=0.1) == [0]  # the top token always stays
+    assert kept(logits[:, [2, 0, 3, 1]], top_k=0, top_p=0.75) == [1, 3]
+    assert kept(logits, top_k=3, top_p=0.6) == [0, 1]  # top-p on the renormalized top 3
+
+
+def test_exact_top_p_matches_a_full_sort_on_flat_and_peaked_distributions(monkeypatch):
+    torch.manual_seed(0)
+    flat = torch.randn(8, 1000) * 0.01  # the nucleus spans most of the vocabulary
+    peaked = torch.randn(8, 1000) * 8.0  # the nucleus is a handful of tokens
+    for logits in (flat, peaked):
+        fast = [kept(logits[i : i + 1], 0, 0.9) for i in range(8)]
+        monkeypatch.setattr(generation, "PARTIAL_SORT", 10_000)  # force the full sort
+        assert fast == [kept(logits[i : i + 1], 0, 0.9) for i in range(8)]
+        monkeypatch.undo()
+
+
+def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_mass():
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.6, 0.2]]).repeat(20_000, 1)
+    draws = sample_from(probs * 3.0, torch.Generator().manual_seed(0))  # unnormalized is fine
+    counts = torch.bincount(draws, minlength=5).float() / len(draws)
+    assert counts[0] == counts[2] == 0
+    torch.testing.assert_close(counts, probs[0], atol=0.01, rtol=0)
 
 
 def test_long_prompts_keep_their_end(model):

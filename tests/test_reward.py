@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rlhf.labeling import noisy_rankings
+from rlhf.labeling import disagreement, noisy_rankings
 from rlhf.model import GPT, GPTConfig
 from rlhf.reward import (
     normalize_head,
@@ -15,6 +15,7 @@ from rlhf.reward import (
 )
 from rlhf.reward_metrics import comparison_metrics
 from rlhf.tokenizer import save_tokenizer
+from rlhf.trainer import batch_order
 from stages.rm import encode_groups, group_loss, mean_group_loss
 
 
@@ -37,6 +38,17 @@ def test_equal_ranks_give_no_pair():
     pairs = ranking_pairs([[0, 0, 1]])
     assert sorted(zip(pairs.better.tolist(), pairs.worse.tolist(), strict=True)) == [(0, 2), (1, 2)]
     assert pairs.weight.tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_duplicate_responses_share_a_row_and_the_loss_is_unchanged():
+    # K = 4 where responses 0 and 2 are the same text: forwarded once, as row 0
+    rewards = torch.tensor([0.3, 1.2, 0.3, -0.5])
+    ranks = [[3, 0, 1, 2]]
+    deduped = ranking_pairs(ranks, [[0, 1, 0, 2]])
+    full = ranking_pairs(ranks)
+    loss = ranking_loss(rewards[[0, 1, 3]], deduped)
+    assert loss.item() == pytest.approx(ranking_loss(rewards, full).item(), rel=1e-6)
+    assert max(deduped.better.max(), deduped.worse.max()).item() == 2
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +78,10 @@ def test_each_response_is_forwarded_once(model, tok, monkeypatch):
     groups = encode_groups(tok, rows, 64)
     loss, _ = group_loss(model, groups, tok.pad_id, "last")
     assert rows_seen == [7]  # 4 + 3 responses in one forward, not 2 per each of 6 + 3 pairs
+    rows_seen.clear()
+    repeated = [{"prompt": "p", "responses": ["a", "b", "a", "a"], "ranks": [0, 1, 2, 3]}]
+    group_loss(model, encode_groups(tok, repeated, 64), tok.pad_id, "last")
+    assert rows_seen == [2]  # a sampled answer that recurs is forwarded once
     loss.backward()
     assert model.reward_head.weight.grad is not None
 
@@ -109,6 +125,12 @@ def test_labeler_noise_hits_its_target_and_large_margins_flip_less():
     assert sum(flips["large"]) / len(flips["large"]) < sum(flips["small"]) / len(flips["small"])
     clean = noisy_rankings(gold.tolist(), 0.0, seed=1)
     assert clean.flip_share == 0.0 and 0 < clean.tie_share < 1
+    assert disagreement(gold.tolist(), labels.ranks) == (labels.flip_share, labels.tie_share)
+
+
+def test_disagreement_by_hand():
+    # pairs: (0,1) gold 1 > 0.5, ranked so: agrees; (0,2) tie; (1,2) 0.5 ranked over 1: flipped
+    assert disagreement([[1.0, 0.5, 1.0]], [[0, 1, 2]]) == (0.5, pytest.approx(1 / 3, abs=1e-4))
 
 
 def test_comparison_metrics_by_hand():
@@ -143,3 +165,24 @@ def test_chunked_validation_loss_equals_one_big_batch(model, tok):
     assert mean_group_loss(model, groups, tok.pad_id, "last", chunk=3) == pytest.approx(
         whole, rel=1e-5
     )
+
+
+def test_length_buckets_are_a_seeded_permutation_of_similar_length_batches():
+    lengths = [(i * 37) % 101 for i in range(1000)]
+    order = batch_order(1000, seed=3, epoch=1, lengths=lengths, batch_size=16)
+    assert sorted(order) == list(range(1000))
+    assert order == batch_order(1000, seed=3, epoch=1, lengths=lengths, batch_size=16)
+    assert order != batch_order(1000, seed=3, epoch=2, lengths=lengths, batch_size=16)
+    batches = [order[i : i + 16] for i in range(0, 1000, 16)]
+    assert len(batches[-1]) == 1000 % 16  # the partial batch stays last: every slice is a batch
+
+    def padded(batch: list[int]) -> int:
+        return max(lengths[i] for i in batch) * len(batch)
+
+    bucketed = sum(padded(b) for b in batches)
+    shuffled = batch_order(1000, seed=3, epoch=1)
+    plain = sum(padded(shuffled[i : i + 16]) for i in range(0, 1000, 16))
+    assert sum(lengths) / bucketed > 0.9 > sum(lengths) / plain
+    # batches are not in length order: training still sees short and long ones interleaved
+    means = [sum(lengths[i] for i in b) / len(b) for b in batches[:-1]]
+    assert means != sorted(means)

@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from rlhf.data import COMPARISON_SCHEMA, read_rows
 from stages.cli import app
+from stages.collect import with_mismatched
 
 from conftest import make_project, run_module, write_params
 
@@ -24,9 +25,36 @@ def test_collect_writes_ranked_samples_with_gold_scores(trained_project):
     val = read_rows(
         trained_project / "data" / "collected" / "comparisons_val.parquet", COMPARISON_SCHEMA
     )
-    assert all(len(r["responses"]) == 3 and sorted(r["ranks"]) == [0, 1, 2] for r in rows)
-    assert all(len(r["gold_scores"]) == 3 for r in rows)
+    # K = 3 samples, plus one mismatched and one exploration answer on training rows only
+    assert all(sorted(r["ranks"]) == [0, 1, 2, 3, 4] and len(r["gold_scores"]) == 5 for r in rows)
+    assert all(r["source"] == "sft-samples+mismatched+explore" for r in rows)
+    assert all(sorted(r["ranks"]) == [0, 1, 2] and len(r["gold_scores"]) == 3 for r in val)
     assert not {r["prompt"] for r in rows} & {r["prompt"] for r in val}
+    sampled_by_task: dict[str, set[str]] = {}
+    for r in rows:
+        sampled_by_task.setdefault(r["task"], set()).update(r["responses"][:3])
+    assert all(r["responses"][3] in sampled_by_task[r["task"]] for r in rows)
+
+
+def test_mismatched_answers_come_from_sibling_prompts_and_are_judged():
+    rows = [
+        {"prompt": p, "task": t, "source": "s", "responses": [a], "gold_scores": [1.0]}
+        for p, t, a in [
+            ("Greet Alice.", "greet", "Hello, Alice!"),
+            ("Greet Bob.", "greet", "Hello, Bob!"),
+            ("What is 2 plus 3?", "add", "2 + 3 = 5."),
+            ("What is 1 plus 1?", "add", "1 + 1 = 2."),
+        ]
+    ]
+    out = with_mismatched(rows, 2, seed=0)
+    assert [r["responses"][1:] for r in out] == [
+        ["Hello, Bob!"] * 2,
+        ["Hello, Alice!"] * 2,
+        ["1 + 1 = 2."] * 2,
+        ["2 + 3 = 5."] * 2,
+    ]
+    assert out[0]["gold_scores"] == [1.0, 0.4, 0.4] and out[0]["source"] == "s+mismatched"
+    assert with_mismatched(rows, 0, seed=0) == rows
 
 
 def test_rm_metrics_and_normalized_checkpoint(trained_project):
