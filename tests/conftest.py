@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,21 @@ def run_module(module: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
         check=True,
         **kwargs,
     )
+
+
+def kill_at_first_save(project: Path, module: str, resume: Path) -> Path:
+    """Run a stage and SIGKILL it as soon as it has written its resume state."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module], cwd=project, env=clean_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not resume.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert resume.exists(), f"{module} ended before writing resume state"
+    return resume
 
 
 def clean_env() -> dict[str, str]:

@@ -1,10 +1,6 @@
 import csv
 import json
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import torch
 
@@ -16,7 +12,7 @@ from rlhf.rewards import RuleScorer, make_scorer
 from rlhf.rules import contains_number
 from rlhf.tokenizer import load_tokenizer
 
-from conftest import clean_env, make_project, run_module
+from conftest import kill_at_first_save, make_project, run_module
 
 PPO_KEYS = {"score", "kl", "steps", "rollout_tokens_per_s", "gold_sampled", "win_rate_vs_sft"}
 STEP_COLUMNS = {
@@ -62,17 +58,7 @@ def project_ready_for_ppo(trained_project, directory):
 
 def test_killed_ppo_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
     project = project_ready_for_ppo(trained_project, tmp_path / "p")
-    resume = project / ".rlhf" / "resume" / "ppo.pt"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stages.ppo"], cwd=project, env=clean_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not resume.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert resume.exists(), "the run ended before writing resume state"
+    resume = kill_at_first_save(project, "stages.ppo", project / ".rlhf" / "resume" / "ppo.pt")
     assert not (project / "metrics" / "ppo.json").exists()
     killed_at = checkpoint.load(resume)["trainer"]["step"]
 

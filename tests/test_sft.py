@@ -1,15 +1,11 @@
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import torch
 
 from rlhf import checkpoint
 from rlhf.tokenizer import load_tokenizer
 
-from conftest import clean_env, make_project, run_module, write_params
+from conftest import kill_at_first_save, make_project, run_module, write_params
 
 METRIC_KEYS = {"val_loss", "gold_greedy", "gold_sampled", "tokens_per_s"}
 
@@ -49,18 +45,7 @@ def kill_sft_at_first_save(project):
     """Run sft on prepared inputs and SIGKILL it as soon as it has saved resume state."""
     run_module("stages.prepare", project)
     run_module("stages.tokenizer", project)
-    resume = project / ".rlhf" / "resume" / "sft.pt"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stages.sft"], cwd=project, env=clean_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not resume.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert resume.exists(), "the run ended before writing resume state"
-    return resume
+    return kill_at_first_save(project, "stages.sft", project / ".rlhf" / "resume" / "sft.pt")
 
 
 def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
