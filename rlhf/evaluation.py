@@ -14,7 +14,7 @@ from rlhf.tasks import gold_score
 def gold_summary(
     prompts: Sequence[str], tasks: Sequence[str], answers: Sequence[str]
 ) -> dict[str, object]:
-    """{"mean": overall mean gold score, "by_task": {family: mean}} for answered prompts."""
+    """{"mean": overall mean gold score, "by_task": {family: mean}, "scores": per answer}."""
     if not prompts:
         raise ValueError("no prompts to score")
     by_task: defaultdict[str, list[float]] = defaultdict(list)
@@ -26,6 +26,7 @@ def gold_summary(
     return {
         "mean": round(sum(scores) / len(scores), 4),
         "by_task": {t: round(sum(v) / len(v), 4) for t, v in sorted(by_task.items())},
+        "scores": scores,
     }
 
 

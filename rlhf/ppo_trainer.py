@@ -121,7 +121,9 @@ class PPOTrainer:
             if self.critic is None:
                 values = self.policy.values(policy_out.hidden).float()
             else:
-                values = response_values(self.critic, rollout)
+                values = response_values(
+                    self.critic, rollout.sequences, rollout.attention_mask, rollout.prompt_width
+                )
         mask = rollout.response_mask.float()
         scores = self.scorer(rollout.prompts, rollout.responses).to(self.device)
         rewards = scores - cfg.missing_eos_penalty * (~rollout.ended).float()
@@ -171,8 +173,9 @@ class PPOTrainer:
     def _critic_step(self, exp: Experience, rows: Tensor) -> tuple[Tensor, Tensor]:
         assert self.critic is not None and self.critic_opt is not None
         part = exp.rollout
-        hidden = self.critic.hidden(part.sequences[rows], part.attention_mask[rows])
-        values = self.critic.values(hidden[:, part.prompt_width - 1 : -1]).float()
+        values = response_values(
+            self.critic, part.sequences[rows], part.attention_mask[rows], part.prompt_width
+        )
         mask = part.response_mask[rows].float()
         loss, clip_fraction = clipped_value_loss(
             values, exp.values[rows], exp.returns[rows], mask, self.cfg.cliprange_value

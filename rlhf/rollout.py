@@ -94,7 +94,9 @@ def response_forward(
     return ResponseForward(logits=logits, logprobs=logprobs, hidden=hidden)
 
 
-def response_values(critic: GPT, rollout: Rollout) -> Tensor:
+def response_values(
+    critic: GPT, sequences: Tensor, attention_mask: Tensor, prompt_width: int
+) -> Tensor:
     """Critic values [B, N] of the state before each response token."""
-    hidden = critic.hidden(rollout.sequences, rollout.attention_mask)
-    return critic.values(hidden[:, rollout.prompt_width - 1 : -1]).float()
+    hidden = critic.hidden(sequences, attention_mask)
+    return critic.values(hidden[:, prompt_width - 1 : -1]).float()

@@ -26,7 +26,6 @@ from rlhf.params import Params, group_hash
 from rlhf.policy_eval import sample_policy
 from rlhf.ppo_trainer import PPOTrainer, critic_from_reward_model
 from rlhf.rewards import make_scorer
-from rlhf.tasks import gold_score
 from rlhf.tokenizer import Tokenizer, load_tokenizer
 from rlhf.trainer import batch_order
 from rlhf.training import resolve_device
@@ -40,8 +39,12 @@ SAMPLES_LOGGED = 4
 
 def prompt_schedule(n_prompts: int, batch_size: int, seed: int, step: int) -> list[int]:
     """Prompt indices of iteration `step`: consecutive slices of per-epoch shuffles."""
-    positions = range(step * batch_size, (step + 1) * batch_size)
-    return [batch_order(n_prompts, seed, p // n_prompts)[p % n_prompts] for p in positions]
+    first, last = step * batch_size, (step + 1) * batch_size
+    orders = {
+        e: batch_order(n_prompts, seed, e)
+        for e in range(first // n_prompts, (last - 1) // n_prompts + 1)
+    }
+    return [orders[p // n_prompts][p % n_prompts] for p in range(first, last)]
 
 
 def evaluate_against_sft(
@@ -56,8 +59,6 @@ def evaluate_against_sft(
     )
     ppo_samples = sample_policy(policy, tokenizer, prompts, reference=sft, **common)
     sft_samples = sample_policy(sft, tokenizer, prompts, **common)
-    ppo_gold = list(map(gold_score, ppo_samples.prompts, ppo_samples.responses))
-    sft_gold = list(map(gold_score, sft_samples.prompts, sft_samples.responses))
     ppo_summary = gold_summary(ppo_samples.prompts, tasks, ppo_samples.responses)
     sft_summary = gold_summary(sft_samples.prompts, tasks, sft_samples.responses)
     return {
@@ -65,7 +66,7 @@ def evaluate_against_sft(
         "gold_sampled_sft": sft_summary["mean"],
         "gold_sampled_by_task": ppo_summary["by_task"],
         "gold_sampled_sft_by_task": sft_summary["by_task"],
-        "win_rate_vs_sft": round(win_rate(ppo_gold, sft_gold), 4),
+        "win_rate_vs_sft": round(win_rate(ppo_summary["scores"], sft_summary["scores"]), 4),
         "kl_to_sft": round(sum(ppo_samples.kl_to_reference) / len(ppo_samples.kl_to_reference), 4),
     }
 
