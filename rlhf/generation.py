@@ -59,33 +59,15 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, T
     return ids, mask
 
 
-# Exact top-p first looks for the nucleus among this many most likely tokens: a trained model's
-# nucleus almost always lies there, and a partial sort of them costs a fraction of a full sort.
-PARTIAL_SORT = 256
-
-
-def candidates(logits: Tensor, top_k: int, top_p: float) -> tuple[Tensor, Tensor]:
-    """The tokens top-k/top-p may keep, most likely first: (probs [B, C], token ids [B, C]).
-
-    With top-k, the k best renormalized (as top-p then sees them). With top-p alone, the
-    PARTIAL_SORT best when they hold `top_p` of the mass in every row, else the full sort:
-    either way the nucleus is exact.
-    """
-    probs = logits.softmax(dim=-1)
-    vocab = probs.shape[-1]
-    if top_k and top_k < vocab:
-        values, ids = torch.topk(probs, top_k, dim=-1)
-        return values / values.sum(-1, keepdim=True), ids
-    if vocab > PARTIAL_SORT:
-        values, ids = torch.topk(probs, PARTIAL_SORT, dim=-1)
-        if bool((values.sum(-1) >= top_p).all()):
-            return values, ids
-    return torch.sort(probs, dim=-1, descending=True)
+# Nucleus draws rejected this many times in a row fall back to a full sort; with top_p = 0.9 a
+# row gets there with probability 1e-16.
+MAX_NUCLEUS_DRAWS = 16
 
 
 def nucleus(sorted_probs: Tensor, top_p: float) -> Tensor:
-    """Zero the probabilities [B, C] (sorted, descending) outside the top-p nucleus: a token
-    is dropped when the mass before it already reaches top_p, so the first always stays."""
+    """Zero the probabilities [B, C] (sorted, descending, normalized) outside the top-p
+    nucleus: a token is dropped when the mass before it already reaches top_p, so the first
+    always stays."""
     if top_p >= 1.0:
         return sorted_probs
     return sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, 0.0)
@@ -98,22 +80,70 @@ def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     took a third of each decoding step; this draws one uniform per row. Entries of zero
     probability are never picked: their cumulative mass equals their predecessor's.
     """
+    return _invert(probs.cumsum(dim=-1), generator)
+
+
+def _invert(cdf: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Indices [B] for one uniform per row under cumulative sums cdf [B, V]."""
+    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+
+
+def in_nucleus(probs: Tensor, tokens: Tensor, top_p: float) -> Tensor:
+    """Whether each row's token [B] is in the top-p nucleus of unnormalized probs [B, V]: the
+    mass of the strictly more likely tokens is below top_p of the row's total."""
+    chosen = probs.gather(-1, tokens[:, None])  # [B, 1]
+    above = torch.where(probs > chosen, probs, 0.0).sum(-1)
+    return above < top_p * probs.sum(-1)
+
+
+def sample_nucleus(probs: Tensor, top_p: float, generator: torch.Generator | None) -> Tensor:
+    """One token per row [B] from the top-p nucleus of unnormalized probs [B, V], unsorted.
+
+    A draw from the whole distribution that lands in the nucleus is a draw from the
+    renormalized nucleus, and it lands there with probability at least top_p; so drawing
+    until it does is exact and costs a few passes over the vocabulary, where the usual full
+    sort took most of each decoding step at vocabularies in the thousands.
+    """
     cdf = probs.cumsum(dim=-1)  # [B, V]
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    tokens = _invert(cdf, generator)
+    pending = torch.nonzero(~in_nucleus(probs, tokens, top_p)).squeeze(-1)
+    for _ in range(MAX_NUCLEUS_DRAWS):
+        if not len(pending):
+            return tokens
+        draws = _invert(cdf[pending], generator)
+        tokens[pending] = draws
+        pending = pending[~in_nucleus(probs[pending], draws, top_p)]
+    if len(pending):
+        sorted_probs, order = torch.sort(probs[pending], dim=-1, descending=True)
+        sorted_probs = sorted_probs / sorted_probs.sum(-1, keepdim=True)
+        choice = sample_from(nucleus(sorted_probs, top_p), generator)
+        tokens[pending] = order.gather(-1, choice[:, None]).squeeze(-1)
+    return tokens
+
+
+def choose_from_probs(
+    probs: Tensor, config: SamplingConfig, generator: torch.Generator | None
+) -> Tensor:
+    """Next token ids [B] from unnormalized probs [B, V] (temperature already applied);
+    zero-probability tokens are never chosen."""
+    if config.greedy:
+        return probs.argmax(dim=-1)
+    if config.top_k and config.top_k < probs.shape[-1]:
+        values, ids = torch.topk(probs, config.top_k, dim=-1)  # sorted, descending
+        values = values / values.sum(-1, keepdim=True)  # top-p sees the renormalized top k
+        choice = sample_from(nucleus(values, config.top_p), generator)
+        return ids.gather(-1, choice[:, None]).squeeze(-1)
+    if config.top_p >= 1.0:
+        return sample_from(probs, generator)
+    return sample_nucleus(probs, config.top_p, generator)
 
 
 def choose_tokens(
     logits: Tensor, config: SamplingConfig, generator: torch.Generator | None
 ) -> Tensor:
     """Next token ids [B] from temperature-scaled logits [B, V]."""
-    if config.greedy:
-        return logits.argmax(dim=-1)
-    if not config.top_k and config.top_p >= 1.0:
-        return sample_from(logits.softmax(dim=-1), generator)
-    probs, ids = candidates(logits, config.top_k, config.top_p)
-    choice = sample_from(nucleus(probs, config.top_p), generator)
-    return ids.gather(-1, choice[:, None]).squeeze(-1)
+    return choose_from_probs(logits.softmax(dim=-1), config, generator)
 
 
 @torch.no_grad()
@@ -146,12 +176,13 @@ def generate(
     pad_index = torch.tensor([pad_id], device=device)
     logits = model(prompt, prompt_mask, cache)[:, -1]
     for step in range(config.max_new_tokens):
-        scaled = logits.float() / config.temperature
         # log-probs under the policy itself (what a full forward pass recomputes); sampling
         # never picks padding, which is no answer token
-        choosable = scaled.index_fill(-1, pad_index, float("-inf"))
-        next_token = choose_tokens(choosable, config, generator)
-        token_logprob = scaled.log_softmax(dim=-1).gather(-1, next_token[:, None]).squeeze(-1)
+        logp = (logits.float() / config.temperature).log_softmax(dim=-1)  # [B, V]
+        next_token = choose_from_probs(
+            logp.exp().index_fill_(-1, pad_index, 0.0), config, generator
+        )
+        token_logprob = logp.gather(-1, next_token[:, None]).squeeze(-1)
         active = ~finished
         tokens[:, step] = torch.where(active, next_token, pad_id)
         mask[:, step] = active

@@ -4,8 +4,9 @@ import torch
 from rlhf import generation
 from rlhf.generation import (
     SamplingConfig,
-    candidates,
+    choose_from_probs,
     generate,
+    in_nucleus,
     left_pad,
     nucleus,
     sample_from,
@@ -87,29 +88,50 @@ def test_batched_greedy_equals_each_prompt_alone(model):
         assert torch.equal(batched[i], alone)
 
 
-def kept(logits, top_k, top_p):
-    probs, ids = candidates(logits, top_k, top_p)
-    return sorted(ids[nucleus(probs, top_p) > 0].tolist())
+def kept_by_sort(probs, top_p):
+    """The nucleus the textbook way: sort, then keep tokens until top_p is reached."""
+    sorted_probs, order = torch.sort(probs, descending=True)
+    return sorted(order[nucleus(sorted_probs, top_p) > 0].tolist())
+
+
+def kept(probs, top_p):
+    tokens = torch.arange(probs.shape[-1])
+    inside = in_nucleus(probs.expand(len(tokens), -1), tokens, top_p)
+    return sorted(tokens[inside].tolist())
+
+
+def drawn(probs, config, draws=20_000):
+    """Share of `draws` samples on each token."""
+    chosen = choose_from_probs(probs.repeat(draws, 1), config, torch.Generator().manual_seed(0))
+    return torch.bincount(chosen, minlength=probs.shape[-1]).float() / draws
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    assert kept(logits, top_k=2, top_p=1.0) == [0, 1]
-    assert kept(logits, top_k=0, top_p=0.75) == [0, 1]  # 0.5 < 0.75, 0.8 >= 0.75
-    assert kept(logits, top_k=0, top_p=0.1) == [0]  # the top token always stays
-    assert kept(logits[:, [2, 0, 3, 1]], top_k=0, top_p=0.75) == [1, 3]
-    assert kept(logits, top_k=3, top_p=0.6) == [0, 1]  # top-p on the renormalized top 3
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    assert kept(probs, 0.75) == [0, 1]  # 0.5 < 0.75, 0.8 >= 0.75
+    assert kept(probs, 0.1) == [0]  # the top token always stays
+    assert kept(probs[:, [2, 0, 3, 1]], 0.75) == [1, 3]
+    assert kept(probs * 7.0, 0.75) == [0, 1]  # unnormalized is fine
+    assert drawn(probs, SamplingConfig(top_k=2)).nonzero().flatten().tolist() == [0, 1]
+    top3_then_p = drawn(probs, SamplingConfig(top_k=3, top_p=0.6))  # top-p on the renormalized 3
+    torch.testing.assert_close(top3_then_p, torch.tensor([0.625, 0.375, 0, 0]), atol=0.01, rtol=0)
 
 
-def test_exact_top_p_matches_a_full_sort_on_flat_and_peaked_distributions(monkeypatch):
+def test_nucleus_without_sorting_matches_a_full_sort_on_flat_and_peaked_distributions():
     torch.manual_seed(0)
-    flat = torch.randn(8, 1000) * 0.01  # the nucleus spans most of the vocabulary
-    peaked = torch.randn(8, 1000) * 8.0  # the nucleus is a handful of tokens
-    for logits in (flat, peaked):
-        fast = [kept(logits[i : i + 1], 0, 0.9) for i in range(8)]
-        monkeypatch.setattr(generation, "PARTIAL_SORT", 10_000)  # force the full sort
-        assert fast == [kept(logits[i : i + 1], 0, 0.9) for i in range(8)]
-        monkeypatch.undo()
+    flat = (torch.randn(8, 1000) * 0.01).softmax(-1)  # the nucleus spans most of the vocabulary
+    peaked = (torch.randn(8, 1000) * 8.0).softmax(-1)  # the nucleus is a handful of tokens
+    for probs in (flat, peaked):
+        for row in probs:
+            assert kept(row[None], 0.9) == kept_by_sort(row, 0.9)
+
+
+@pytest.mark.parametrize("max_draws", [16, 0])  # 0: every row takes the full-sort fallback
+def test_nucleus_draws_follow_the_renormalized_nucleus(monkeypatch, max_draws):
+    monkeypatch.setattr(generation, "MAX_NUCLEUS_DRAWS", max_draws)
+    probs = torch.tensor([[0.1, 0.4, 0.05, 0.3, 0.15]])
+    expected = torch.tensor([0.0, 0.4, 0.0, 0.3, 0.15]) / 0.85  # 0.4 + 0.3 < 0.8 <= 0.85
+    torch.testing.assert_close(drawn(probs, SamplingConfig(top_p=0.8)), expected, atol=0.01, rtol=0)
 
 
 def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_mass():
