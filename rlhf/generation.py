@@ -93,8 +93,10 @@ def in_nucleus(probs: Tensor, tokens: Tensor, top_p: float) -> Tensor:
     """Whether each row's token [B] is in the top-p nucleus of unnormalized probs [B, V]: the
     mass of the strictly more likely tokens is below top_p of the row's total."""
     chosen = probs.gather(-1, tokens[:, None])  # [B, 1]
-    above = torch.where(probs > chosen, probs, 0.0).sum(-1)
-    return above < top_p * probs.sum(-1)
+    # 1.0 where strictly more likely, else 0.0; float arithmetic is several times faster here
+    # than a boolean mask (torch.where or a bool product over [B, V])
+    more_likely = (probs - chosen).sign_().clamp_(min=0.0)
+    return (probs * more_likely).sum(-1) < top_p * probs.sum(-1)
 
 
 def sample_nucleus(probs: Tensor, top_p: float, generator: torch.Generator | None) -> Tensor:
