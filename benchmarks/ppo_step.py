@@ -9,13 +9,11 @@ width 128, MLP 2048 and the byte-level vocabulary of 260 tokens. Random weights 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
-import torch
+from common import setup, write_result
 
 from rlhf.model import GPT, GPTConfig
 from rlhf.params import PPOParams
@@ -31,12 +29,7 @@ TARGET_S = 1.5
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ppo_step.json"))
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    args = setup(__doc__, "ppo_step")
     tokenizer = save_tokenizer(Path(tempfile.mkdtemp()), "bytes")
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=96, mlp_width=2048)
     policy, reference, critic = GPT(config), GPT(config), GPT(config)
@@ -73,9 +66,7 @@ def main() -> None:
     print(
         f"{'met' if met else 'NOT met'}: one iteration under {TARGET_S} s (TRL's last PPO: 2.4 s)"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,12 @@ top-p, the draw), measured on the same logits.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
+from common import setup, write_result
 
 from rlhf.generation import SamplingConfig, choose_tokens, generate
 from rlhf.model import GPT, GPTConfig
@@ -119,12 +117,7 @@ def targets(rows: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/rollout.json"))
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    args = setup(__doc__, "rollout")
     generator = torch.Generator().manual_seed(0)
     rows = []
     for name, config in SIZES.items():
@@ -156,10 +149,7 @@ def main() -> None:
     checks = targets(rows)
     for check in checks:
         print(f"{'met' if check['met'] else 'NOT met':>8}  {check['target']}: {check['value']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"threads": args.threads, "rows": rows, "targets": checks}
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, {"threads": args.threads, "rows": rows, "targets": checks})
 
 
 if __name__ == "__main__":

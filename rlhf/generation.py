@@ -89,14 +89,24 @@ def _invert(cdf: Tensor, generator: torch.Generator | None) -> Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
-def in_nucleus(probs: Tensor, tokens: Tensor, top_p: float) -> Tensor:
+def in_nucleus(probs: Tensor, tokens: Tensor, limit: Tensor) -> Tensor:
     """Whether each row's token [B] is in the top-p nucleus of unnormalized probs [B, V]: the
-    mass of the strictly more likely tokens is below top_p of the row's total."""
+    mass of the strictly more likely tokens is below `limit` [B], top_p times the row's total."""
     chosen = probs.gather(-1, tokens[:, None])  # [B, 1]
     # 1.0 where strictly more likely, else 0.0; float arithmetic is several times faster here
     # than a boolean mask (torch.where or a bool product over [B, V])
     more_likely = (probs - chosen).sign_().clamp_(min=0.0)
-    return (probs * more_likely).sum(-1) < top_p * probs.sum(-1)
+    return (probs * more_likely).sum(-1) < limit
+
+
+def _sample_sorted(
+    values: Tensor, ids: Tensor, top_p: float, generator: torch.Generator | None
+) -> Tensor:
+    """Token ids [B] drawn from the top-p nucleus of sorted (descending) probs values [B, C]
+    whose token ids are `ids` [B, C]."""
+    values = values / values.sum(-1, keepdim=True)
+    choice = sample_from(nucleus(values, top_p), generator)
+    return ids.gather(-1, choice[:, None]).squeeze(-1)
 
 
 def sample_nucleus(probs: Tensor, top_p: float, generator: torch.Generator | None) -> Tensor:
@@ -108,19 +118,18 @@ def sample_nucleus(probs: Tensor, top_p: float, generator: torch.Generator | Non
     sort took most of each decoding step at vocabularies in the thousands.
     """
     cdf = probs.cumsum(dim=-1)  # [B, V]
+    limit = top_p * cdf[:, -1]  # [B]
     tokens = _invert(cdf, generator)
-    pending = torch.nonzero(~in_nucleus(probs, tokens, top_p)).squeeze(-1)
+    pending = torch.nonzero(~in_nucleus(probs, tokens, limit)).squeeze(-1)
     for _ in range(MAX_NUCLEUS_DRAWS):
         if not len(pending):
             return tokens
         draws = _invert(cdf[pending], generator)
         tokens[pending] = draws
-        pending = pending[~in_nucleus(probs[pending], draws, top_p)]
+        pending = pending[~in_nucleus(probs[pending], draws, limit[pending])]
     if len(pending):
         sorted_probs, order = torch.sort(probs[pending], dim=-1, descending=True)
-        sorted_probs = sorted_probs / sorted_probs.sum(-1, keepdim=True)
-        choice = sample_from(nucleus(sorted_probs, top_p), generator)
-        tokens[pending] = order.gather(-1, choice[:, None]).squeeze(-1)
+        tokens[pending] = _sample_sorted(sorted_probs, order, top_p, generator)
     return tokens
 
 
@@ -133,9 +142,7 @@ def choose_from_probs(
         return probs.argmax(dim=-1)
     if config.top_k and config.top_k < probs.shape[-1]:
         values, ids = torch.topk(probs, config.top_k, dim=-1)  # sorted, descending
-        values = values / values.sum(-1, keepdim=True)  # top-p sees the renormalized top k
-        choice = sample_from(nucleus(values, config.top_p), generator)
-        return ids.gather(-1, choice[:, None]).squeeze(-1)
+        return _sample_sorted(values, ids, config.top_p, generator)  # top-p of the top k
     if config.top_p >= 1.0:
         return sample_from(probs, generator)
     return sample_nucleus(probs, config.top_p, generator)

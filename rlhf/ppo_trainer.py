@@ -222,7 +222,9 @@ class PPOTrainer:
                         out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask,
                         cfg.cliprange,
                     )  # fmt: skip
-                    mean_entropy = masked_mean(entropy(out.logits), mask)
+                    # at weight 0 the entropy is only logged: no backward pass through it
+                    with torch.set_grad_enabled(cfg.entropy_coef > 0):
+                        mean_entropy = masked_mean(entropy(out.logits), mask)
                     loss = policy.loss - cfg.entropy_coef * mean_entropy
                     if self.critic is None:
                         values = self.policy.values(out.hidden).float()

@@ -96,7 +96,8 @@ def kept_by_sort(probs, top_p):
 
 def kept(probs, top_p):
     tokens = torch.arange(probs.shape[-1])
-    inside = in_nucleus(probs.expand(len(tokens), -1), tokens, top_p)
+    rows = probs.expand(len(tokens), -1)
+    inside = in_nucleus(rows, tokens, top_p * rows.sum(-1))
     return sorted(tokens[inside].tolist())
 
 
