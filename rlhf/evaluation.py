@@ -28,15 +28,3 @@ def gold_summary(
         "by_task": {t: round(sum(v) / len(v), 4) for t, v in sorted(by_task.items())},
         "scores": scores,
     }
-
-
-def win_rate(scores: Sequence[float], baseline: Sequence[float]) -> float:
-    """Share of paired answers where `scores` beats `baseline`, a tie counting half."""
-    if len(scores) != len(baseline):
-        raise ValueError(f"win rate needs paired scores, got {len(scores)} and {len(baseline)}")
-    if not scores:
-        raise ValueError("win rate of an empty set is undefined")
-    wins = sum(
-        1.0 if a > b else 0.5 if a == b else 0.0 for a, b in zip(scores, baseline, strict=True)
-    )
-    return wins / len(scores)

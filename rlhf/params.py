@@ -255,10 +255,41 @@ class PPOParams:
     top_p: float = spec(1.0, "Rollout nucleus mass.", gt=0.0, le=1.0)
     max_new_tokens: int = spec(32, "Response length cap.", ge=1)
     save_every: int = spec(10, "Iterations between resume checkpoints.", ge=1)
+    snapshot_every: int = spec(
+        20,
+        "Iterations between policy snapshots, which the evaluation scores for its "
+        "over-optimization curve (reward-model and gold score against KL to SFT); 0 keeps none.",
+        ge=0,
+    )
     log_samples_every: int = spec(10, "Iterations between logged sample answers.", ge=1)
     eval_batch_size: int = spec(128, "Prompts per batched generation in evaluation.", ge=1)
     eval_samples: int = spec(
         4, "Answers sampled per held-out prompt, per policy, for the gold evaluation.", ge=1
+    )
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    """Every policy on the held-out prompts, judged by the gold judge and the reward model."""
+
+    samples: int = spec(
+        8,
+        "Answers sampled per held-out prompt and policy. Win rates pair the i-th answers of two "
+        "policies to the same prompt; more answers narrow the intervals less than more prompts.",
+        ge=1,
+    )
+    temperature: float = spec(1.0, "Sampling temperature of the sampled answers.", gt=0.0)
+    max_new_tokens: int = spec(32, "Answer length cap, greedy and sampled.", ge=1)
+    batch_size: int = spec(128, "Answers generated per batch.", ge=1)
+    bootstrap_resamples: int = spec(
+        2000,
+        "Bootstrap resamples for the 95% intervals of win rates. Prompts are resampled, not "
+        "answers: answers to one prompt are correlated, and resampling them would understate "
+        "the uncertainty.",
+        ge=100,
+    )
+    examples_per_task: int = spec(
+        2, "Held-out prompts per task family whose answers the report shows side by side.", ge=0
     )
 
 
@@ -279,6 +310,9 @@ class Params:
     )
     rm: RMParams = field(default_factory=RMParams, metadata={"doc": "Reward model stage."})
     ppo: PPOParams = field(default_factory=PPOParams, metadata={"doc": "PPO stage."})
+    evaluate: EvaluateParams = field(
+        default_factory=EvaluateParams, metadata={"doc": "Evaluate stage."}
+    )
 
     def __post_init__(self) -> None:
         if self.model.n_embd % self.model.n_head:

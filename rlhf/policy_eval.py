@@ -1,4 +1,4 @@
-"""Sampling a policy on evaluation prompts, with its KL to a reference policy.
+"""Sampling a policy on evaluation prompts and measuring every answer.
 
 KL(policy || reference) per answer is estimated from the policy's own samples as the sum over
 answer tokens of log p_policy - log p_reference: unbiased, and the quantity the KL penalty of
@@ -7,13 +7,15 @@ RLHF bounds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from rlhf.generation import SamplingConfig
 from rlhf.model import GPT
+from rlhf.rewards import Scorer
 from rlhf.rollout import response_forward, sample_rollout
 from rlhf.tokenizer import Tokenizer
 
@@ -23,6 +25,8 @@ class PolicySamples:
     prompts: list[str]  # each evaluation prompt `n` times, in order
     responses: list[str]
     kl_to_reference: list[float]  # per answer; empty without a reference
+    lengths: list[int] = field(default_factory=list)  # answer tokens, the end token included
+    ended: list[bool] = field(default_factory=list)  # the answer emitted the end token
 
 
 @torch.no_grad()
@@ -40,14 +44,14 @@ def sample_policy(
     """`n` answers per prompt, batched; the same seed gives the same answers."""
     device = next(policy.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)
-    repeated = [p for p in prompts for _ in range(n)]
-    responses: list[str] = []
-    kl: list[float] = []
-    for start in range(0, len(repeated), batch_size):
+    samples = PolicySamples([p for p in prompts for _ in range(n)], [], [])
+    for start in range(0, len(samples.prompts), batch_size):
         rollout = sample_rollout(
-            policy, tokenizer, repeated[start : start + batch_size], config, generator
+            policy, tokenizer, samples.prompts[start : start + batch_size], config, generator
         )
-        responses += rollout.responses
+        samples.responses += rollout.responses
+        samples.lengths += rollout.lengths.tolist()
+        samples.ended += rollout.ended.tolist()
         if reference is not None:
             ref = response_forward(
                 reference,
@@ -57,5 +61,84 @@ def sample_policy(
                 config.temperature,
             )
             per_token = (rollout.logprobs - ref.logprobs) * rollout.response_mask
-            kl += per_token.sum(-1).tolist()
-    return PolicySamples(repeated, responses, kl)
+            samples.kl_to_reference += per_token.sum(-1).tolist()
+    return samples
+
+
+Judge = Callable[[str, str], float]
+# summary name -> per-answer field
+MEASURES = {
+    "gold": "gold",
+    "reward": "reward",
+    "kl": "kl",
+    "length": "length",
+    "end_token_rate": "ended",
+}
+
+
+@dataclass
+class ScoredAnswers:
+    """One policy's answers to the evaluation prompts, with what was measured on each."""
+
+    prompt_index: list[int]  # which evaluation prompt each answer answers
+    tasks: list[str]
+    responses: list[str]
+    gold: list[float] | None  # None when the prompts have no gold judge
+    reward: list[float]  # reward model, normalized as PPO sees it
+    kl: list[float]  # to the reference policy
+    length: list[int]
+    ended: list[bool]
+
+    def _mean(self, measure: str, rows: Sequence[int]) -> float | None:
+        values = getattr(self, MEASURES[measure])
+        if values is None:
+            return None
+        return round(sum(float(values[i]) for i in rows) / len(rows), 4)
+
+    def means(self) -> dict[str, float | None]:
+        """Every measure averaged over all answers."""
+        rows = range(len(self.responses))
+        return {m: self._mean(m, rows) for m in MEASURES}
+
+    def by_task(self) -> dict[str, dict[str, float | None]]:
+        """Every measure averaged within each task family."""
+        rows: defaultdict[str, list[int]] = defaultdict(list)
+        for i, task in enumerate(self.tasks):
+            rows[task].append(i)
+        return {t: {m: self._mean(m, r) for m in MEASURES} for t, r in sorted(rows.items())}
+
+
+def score_policy(
+    policy: GPT,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    tasks: Sequence[str],
+    *,
+    reference: GPT,
+    scorer: Scorer,
+    judge: Judge | None,
+    n: int,
+    config: SamplingConfig,
+    seed: int,
+    batch_size: int,
+) -> ScoredAnswers:
+    """Sample `n` answers per prompt and measure each: gold, reward, KL, length, ending.
+
+    The reference itself gets a KL of exactly 0 without a second forward pass.
+    """
+    samples = sample_policy(
+        policy, tokenizer, prompts, n=n, config=config, seed=seed, batch_size=batch_size,
+        reference=None if policy is reference else reference,
+    )  # fmt: skip
+    responses = samples.responses
+    pairs = zip(samples.prompts, responses, strict=True)
+    return ScoredAnswers(
+        prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
+        tasks=[t for t in tasks for _ in range(n)],
+        responses=responses,
+        gold=None if judge is None else [judge(p, r) for p, r in pairs],
+        reward=scorer(samples.prompts, responses).tolist(),
+        kl=samples.kl_to_reference or [0.0] * len(responses),
+        length=samples.lengths,
+        ended=samples.ended,
+    )

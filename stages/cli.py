@@ -10,6 +10,8 @@ from typing import Annotated
 
 import torch
 import typer
+from rich.console import Console
+from rich.markdown import Markdown
 from rich.table import Table
 
 from rlhf import checkpoint, reward
@@ -92,6 +94,35 @@ def ppo() -> None:
     from stages import ppo as stage
 
     _run_stage(stage.run)
+
+
+@app.command()
+def evaluate() -> None:
+    """Every policy on the held-out prompts: win rates, over-optimization, the report (stage
+    `evaluate`)."""
+    from stages import evaluate as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def report(
+    open_report: Annotated[
+        bool, typer.Option("--open", help="Print the report's path and open it in a viewer.")
+    ] = False,
+) -> None:
+    """Show the evaluation report (reports/eval.md) that `dvc repro` or `rlhf evaluate` wrote."""
+    path = paths.REPORT.resolve()
+    if not path.exists():
+        console.print(
+            f"[red]error:[/red] no report at {path}; run `dvc repro evaluate` (or `rlhf evaluate`)"
+        )
+        raise typer.Exit(2)
+    if open_report:
+        typer.echo(path)
+        typer.launch(str(path))
+        return
+    Console().print(Markdown(path.read_text()))
 
 
 @app.command()

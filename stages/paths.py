@@ -24,6 +24,10 @@ SFT_MODEL = Path("artifacts/sft/model.pt")
 RM_MODEL = Path("artifacts/rm/model.pt")
 PPO_MODEL = Path("artifacts/ppo/model.pt")
 PPO_SAMPLES = Path("artifacts/ppo/samples.jsonl")
+PPO_SNAPSHOTS = Path("artifacts/ppo/snapshots")  # policy every ppo.snapshot_every iterations
+
+# Every policy the evaluation compares, by the name its metric keys use; absent ones are skipped.
+POLICIES = {"sft": SFT_MODEL, "ppo": PPO_MODEL}
 
 METRICS = Path("metrics")
 SFT_METRICS = METRICS / "sft.json"
@@ -35,6 +39,11 @@ RM_STEPS = METRICS / "rm_steps.csv"
 RM_EPOCHS = METRICS / "rm_epochs.csv"
 PPO_METRICS = METRICS / "ppo.json"
 PPO_STEPS = METRICS / "ppo_steps.csv"
+EVAL_METRICS = METRICS / "eval.json"
+EVAL_CURVE = METRICS / "eval_overoptimization.csv"
+
+REPORTS = Path("reports")
+REPORT = REPORTS / "eval.md"
 
 # Resume state lives outside every stage's outs: DVC deletes outs before rerunning a stage.
 RESUME = Path(".rlhf/resume")

@@ -12,14 +12,15 @@ KL to SFT are what tell whether RL improved the policy or only the proxy reward.
 from __future__ import annotations
 
 import json
+import shutil
 from typing import Any
 
 import torch
 
 from rlhf import checkpoint
-from rlhf.atomic import write_csv, write_json, write_text
+from rlhf.atomic import atomic_path, write_csv, write_json, write_text
 from rlhf.data import PROMPT_SCHEMA, SFT_SCHEMA, encode_example, read_rows
-from rlhf.evaluation import gold_summary, win_rate
+from rlhf.evaluation import gold_summary
 from rlhf.generation import SamplingConfig
 from rlhf.model import GPT
 from rlhf.params import Params, group_hash
@@ -29,10 +30,14 @@ from rlhf.rewards import make_scorer
 from rlhf.tokenizer import Tokenizer, load_tokenizer
 from rlhf.trainer import batch_order
 from rlhf.training import resolve_device
+from rlhf.win_rates import win_rate
 from stages import paths
 from stages.common import console, file_digest, params, progress
 
 RESUME_FILE = paths.RESUME / "ppo.pt"
+# Snapshots gather beside the resume state, outside the outs DVC deletes before a rerun, so a
+# resumed run still publishes the ones taken before it was interrupted.
+SNAPSHOT_STAGING = paths.RESUME / "ppo_snapshots"
 PARAM_GROUPS = ("seed", "device", "ppo")
 SAMPLES_LOGGED = 4
 
@@ -97,6 +102,11 @@ def run() -> dict[str, Any]:
         total_steps=cfg.steps, seed=p.seed, ptx_examples=ptx if cfg.ptx_coef > 0 else (),
     )  # fmt: skip
 
+    def policy_payload() -> dict[str, Any]:
+        return checkpoint.model_payload(
+            policy, tokenizer, group_hash(p, *PARAM_GROUPS), kind="policy", step=trainer.step
+        )
+
     fingerprint = group_hash(p, *PARAM_GROUPS) + file_digest(
         paths.SFT_MODEL, paths.RM_MODEL, paths.PROMPTS_TRAIN, paths.SFT_TRAIN
     )
@@ -107,6 +117,9 @@ def run() -> dict[str, Any]:
         trainer.load_state_dict(state["trainer"])
         history, samples = state["history"], json.loads(state["samples"])
         console.print(f"ppo: resuming from iteration {trainer.step} of {cfg.steps}")
+    else:
+        shutil.rmtree(SNAPSHOT_STAGING, ignore_errors=True)
+    SNAPSHOT_STAGING.mkdir(parents=True, exist_ok=True)
 
     with progress() as bar:
         task = bar.add_task("ppo", total=cfg.steps, completed=trainer.step, extra="")
@@ -132,6 +145,9 @@ def run() -> dict[str, Any]:
                 completed=trainer.step,
                 extra=f"score {stats['score']:+.3f} kl {stats['kl']:.3f} beta {stats['beta']:.3f}",
             )
+            snapshot_due = cfg.snapshot_every and trainer.step % cfg.snapshot_every == 0
+            if snapshot_due and trainer.step < cfg.steps:  # the last one is the model itself
+                checkpoint.save(SNAPSHOT_STAGING / f"step_{trainer.step:05d}.pt", policy_payload())
             if trainer.step % cfg.save_every == 0 and trainer.step < cfg.steps:
                 checkpoint.save_resume(
                     RESUME_FILE,
@@ -159,14 +175,14 @@ def run() -> dict[str, Any]:
         "beta": round(trainer.kl_ctl.beta, 6),
         **evaluation,
     }
-    checkpoint.save(
-        paths.PPO_MODEL,
-        checkpoint.model_payload(policy, tokenizer, group_hash(p, *PARAM_GROUPS), kind="policy"),
-    )
+    checkpoint.save(paths.PPO_MODEL, policy_payload())
+    with atomic_path(paths.PPO_SNAPSHOTS) as staged:
+        shutil.copytree(SNAPSHOT_STAGING, staged)
     write_csv(paths.PPO_STEPS, history)
     write_text(paths.PPO_SAMPLES, "".join(json.dumps(s) + "\n" for s in samples))
     write_json(paths.PPO_METRICS, metrics)
     RESUME_FILE.unlink(missing_ok=True)
+    shutil.rmtree(SNAPSHOT_STAGING)
     console.print(
         f"ppo: gold sampled {metrics['gold_sampled']} (SFT {metrics['gold_sampled_sft']}), "
         f"win rate vs SFT {metrics['win_rate_vs_sft']}, KL to SFT {metrics['kl_to_sft']}, "

@@ -36,12 +36,21 @@ TINY_PARAMS = {
         "batch_size": 8,
         "minibatch_size": 4,
         "ppo_epochs": 2,
+        "kl_coef": 0.2,  # in the file so that `dvc exp run -S ppo.kl_coef=...` can override it
         "max_new_tokens": 12,
         "save_every": 2,
+        "snapshot_every": 2,
         "log_samples_every": 2,
         "eval_samples": 1,
         "ptx_coef": 0.5,
         "ptx_batch_size": 4,
+    },
+    # one sample per prompt, as ppo.eval_samples: the two evaluations must then agree exactly
+    "evaluate": {
+        "samples": 1,
+        "max_new_tokens": 12,
+        "bootstrap_resamples": 200,
+        "examples_per_task": 1,
     },
 }
 
@@ -115,6 +124,7 @@ def trained_project(tmp_path_factory) -> Path:
         "stages.collect",
         "stages.rm",
         "stages.ppo",
+        "stages.evaluate",
     ):
         run_module(module, project)
     return project

@@ -45,8 +45,11 @@ def test_ppo_metrics_steps_samples_and_checkpoint(trained_project):
     payload = torch.load(
         trained_project / "artifacts" / "ppo" / "model.pt", map_location="cpu", weights_only=True
     )
-    assert payload["kind"] == "policy"
+    assert payload["kind"] == "policy" and payload["step"] == 4
+    snapshots = trained_project / "artifacts" / "ppo" / "snapshots"
+    assert sorted(p.name for p in snapshots.iterdir()) == ["step_00002.pt"]  # not the last step
     assert not (trained_project / ".rlhf" / "resume" / "ppo.pt").exists()
+    assert not (trained_project / ".rlhf" / "resume" / "ppo_snapshots").exists()
 
 
 def project_ready_for_ppo(trained_project, directory):
@@ -74,6 +77,11 @@ def test_killed_ppo_resumes_and_matches_an_uninterrupted_run(trained_project, tm
     assert strip == [
         {k: v for k, v in r.items() if k not in TIMING} for r in ppo_steps(trained_project)
     ]
+    # the snapshot taken before the kill is published, identical to the uninterrupted one
+    snapshot = "artifacts/ppo/snapshots/step_00002.pt"
+    resumed_weights = checkpoint.load(project / snapshot)["model"]
+    for name, tensor in checkpoint.load(trained_project / snapshot)["model"].items():
+        assert torch.equal(resumed_weights[name], tensor), name
 
 
 def number_share(trainer, prompts, seed) -> float:

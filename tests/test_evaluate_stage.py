@@ -1,0 +1,151 @@
+import csv
+import json
+import re
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rlhf import plots
+from rlhf.data import PROMPT_SCHEMA, read_rows, write_rows
+from stages.cli import app
+
+from conftest import make_project, run_module
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def eval_metrics(project):
+    return json.loads((project / "metrics" / "eval.json").read_text())
+
+
+def test_metrics_have_the_stable_headline_keys(trained_project):
+    metrics = eval_metrics(trained_project)
+    for key in ("gold_sampled", "gold_greedy", "rm_sampled", "kl_to_sft", "response_length"):
+        assert set(metrics[key]) == {"sft", "ppo"}, key
+    assert set(metrics["win_rate"]) == {"ppo_vs_sft"}
+    ci = metrics["win_rate_ci95"]["ppo_vs_sft"]
+    assert ci["low"] <= metrics["win_rate"]["ppo_vs_sft"] <= ci["high"]
+    assert 0.0 <= metrics["win_rate_greedy"]["ppo_vs_sft"] <= 1.0
+    assert metrics["kl_to_sft"]["sft"] == 0.0 and metrics["kl_to_sft"]["ppo"] > 0.0
+    heldout = read_rows(trained_project / "data/prepared/prompts_heldout.parquet", PROMPT_SCHEMA)
+    assert metrics["prompts"] == len(heldout)
+    assert set(metrics["by_task"]["ppo"]) == {r["task"] for r in heldout}
+
+
+def test_evaluation_agrees_with_the_ppo_stage_on_the_same_samples(trained_project):
+    """Same seed, one sample per prompt, same length cap: the two stages draw the same answers,
+    so their gold scores, win rate and KL must agree."""
+    metrics = eval_metrics(trained_project)
+    ppo = json.loads((trained_project / "metrics" / "ppo.json").read_text())
+    assert metrics["gold_sampled"] == {"sft": ppo["gold_sampled_sft"], "ppo": ppo["gold_sampled"]}
+    assert metrics["win_rate"]["ppo_vs_sft"] == ppo["win_rate_vs_sft"]
+    assert metrics["kl_to_sft"]["ppo"] == pytest.approx(ppo["kl_to_sft"], abs=1e-3)
+
+
+def test_overoptimization_curve_runs_from_sft_through_snapshots_to_ppo(trained_project):
+    with open(trained_project / "metrics" / "eval_overoptimization.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in rows] == [0, 2, 4]  # ppo.snapshot_every 2, 4 steps
+    assert float(rows[0]["kl_to_sft"]) == 0.0
+    metrics = eval_metrics(trained_project)
+    assert float(rows[-1]["gold_score"]) == metrics["gold_sampled"]["ppo"]
+    assert float(rows[-1]["rm_score"]) == metrics["rm_sampled"]["ppo"]
+    snapshot = torch.load(
+        trained_project / "artifacts/ppo/snapshots/step_00002.pt", weights_only=True
+    )
+    assert snapshot["kind"] == "policy" and snapshot["step"] == 2
+
+
+def test_report_shows_tables_figures_and_answers(trained_project):
+    reports = trained_project / "reports"
+    text = (reports / "eval.md").read_text()
+    metrics = eval_metrics(trained_project)
+    rate = metrics["win_rate"]["ppo_vs_sft"]
+    assert f"| ppo vs sft | {rate:.3f} |" in text
+    assert "## By task family" in text and "## Warning signs" in text
+    heldout = read_rows(trained_project / "data/prepared/prompts_heldout.parquet", PROMPT_SCHEMA)
+    first_of_task = {}
+    for row in heldout:
+        first_of_task.setdefault(row["task"], row["prompt"])
+    for prompt in first_of_task.values():  # examples_per_task: 1
+        assert f"`{prompt}`" in text
+    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
+    assert len(images) == 4
+    for image in images:
+        assert (reports / image).read_bytes()[:8] == PNG
+
+
+def test_run_returns_the_headline_numbers(trained_project, tmp_path, monkeypatch):
+    project = make_project(tmp_path / "p")
+    for part in ("data", "artifacts", "metrics"):
+        shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    monkeypatch.chdir(project)
+    from stages import evaluate
+
+    numbers = evaluate.run()
+    metrics = eval_metrics(project)
+    assert numbers["win_rate.ppo_vs_sft"] == metrics["win_rate"]["ppo_vs_sft"]
+    assert numbers["gold_greedy.sft"] == metrics["gold_greedy"]["sft"]
+    assert metrics == eval_metrics(trained_project)  # same params and seed, same numbers
+    assert not any(k.startswith("by_task") for k in numbers)
+
+
+def test_a_failed_report_leaves_the_previous_outputs(trained_project, tmp_path, monkeypatch):
+    project = make_project(tmp_path / "p")
+    for part in ("data", "artifacts", "metrics", "reports"):
+        shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    before = {
+        path: path.read_bytes()
+        for path in [*project.glob("reports/**/*"), project / "metrics/eval.json"]
+        if path.is_file()
+    }
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(plots, "training_curves", broken)
+    monkeypatch.chdir(project)
+    from stages import evaluate
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        evaluate.run()
+    after = {path: path.read_bytes() for path in before}
+    assert after == before
+    assert sorted(p.name for p in (project / "reports").iterdir()) == ["eval.md", "figures"]
+
+
+def test_prompts_without_a_gold_judge_get_reward_model_scores_only(trained_project, tmp_path):
+    project = make_project(tmp_path / "p")
+    for part in ("data", "artifacts", "metrics"):
+        shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    heldout = project / "data/prepared/prompts_heldout.parquet"
+    rows = [{**r, "source": "files"} for r in read_rows(heldout, PROMPT_SCHEMA)]
+    write_rows(heldout, rows, PROMPT_SCHEMA)
+    run_module("stages.evaluate", project)
+    metrics = eval_metrics(project)
+    assert "gold_sampled" not in metrics and "win_rate" not in metrics
+    assert set(metrics["rm_sampled"]) == {"sft", "ppo"}
+    text = (project / "reports" / "eval.md").read_text()
+    assert "no gold judge" in text
+
+
+def test_cli_report_prints_where_it_is(trained_project, monkeypatch):
+    monkeypatch.chdir(trained_project)
+    opened = []
+    monkeypatch.setattr("typer.launch", lambda target, **kw: opened.append(target) or 0)
+    result = CliRunner().invoke(app, ["report", "--open"])
+    assert result.exit_code == 0, result.output
+    where = str((trained_project / "reports" / "eval.md").resolve())
+    assert where in result.output.replace("\n", "")
+    assert opened == [where]
+    shown = CliRunner().invoke(app, ["report"])
+    assert "Evaluation report" in shown.output
+
+
+def test_cli_report_before_evaluate_says_what_to_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["report"])
+    assert result.exit_code == 2
+    assert "dvc repro evaluate" in result.output
