@@ -43,6 +43,25 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [*lines, ""]
 
 
+def policies_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Every measure (rows) of every policy (columns), as Markdown lines."""
+    policies = list(metrics["kl_to_sft"])
+    keys = [k for k in ROW_LABELS if k in metrics]
+    return _table(
+        ["", *policies], [[ROW_LABELS[k], *(metrics[k][p] for p in policies)] for k in keys]
+    )
+
+
+def win_rates_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Every pair's win rate, sampled with its interval and greedy, as Markdown lines."""
+    rows = []
+    for pair, rate in metrics.get("win_rate", {}).items():
+        ci, greedy = metrics["win_rate_ci95"][pair], metrics["win_rate_greedy"][pair]
+        interval = f"{ci['low']:.3f} – {ci['high']:.3f}"
+        rows.append([pair.replace("_vs_", " vs "), rate, interval, greedy])
+    return _table(["pair", "win rate, sampled", "95% interval", "win rate, greedy"], rows)
+
+
 def warning_signs(
     metrics: Mapping[str, Any], curve: Sequence[Mapping[str, Any]], policies: Sequence[str]
 ) -> list[str]:
@@ -123,10 +142,7 @@ def render(
         "## Policies",
         "",
     ]
-    keys = [k for k in ROW_LABELS if k in metrics]
-    lines += _table(
-        ["", *policies], [[ROW_LABELS[k], *(metrics[k][p] for p in policies)] for k in keys]
-    )
+    lines += policies_table(metrics)
     if metrics.get("win_rate"):
         lines += [
             "## Win rates",
@@ -134,13 +150,8 @@ def render(
             "How often the gold judge prefers the first policy's answer to the second's for the "
             "same prompt, ties counting half; intervals are 95% bootstrap over prompts.",
             "",
+            *win_rates_table(metrics),
         ]
-        rows = []
-        for pair, rate in metrics["win_rate"].items():
-            ci, greedy = metrics["win_rate_ci95"][pair], metrics["win_rate_greedy"][pair]
-            interval = f"{ci['low']:.3f} – {ci['high']:.3f}"
-            rows.append([pair.replace("_vs_", " vs "), rate, interval, greedy])
-        lines += _table(["pair", "win rate, sampled", "95% interval", "win rate, greedy"], rows)
     signs = warning_signs(metrics, curve, policies)
     lines += ["## Warning signs", ""]
     lines += [f"- {s}" for s in signs] or [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -123,6 +124,55 @@ def report(
         typer.launch(str(path))
         return
     Console().print(Markdown(path.read_text()))
+
+
+@app.command("run")
+def run_pipeline(
+    target: Annotated[
+        str, typer.Option(help="Last stage to run; the stages it depends on run first.")
+    ] = "evaluate",
+    set_params: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-S",
+            help="key=value param override written into params.yaml, as "
+            "`dvc exp run -S` does (e.g. -S ppo.kl_coef=0.05).",
+        ),
+    ] = None,
+    containerized: Annotated[
+        bool,
+        typer.Option(help="Run each stage as a run of the rlhf-stage deployment (needs a worker)."),
+    ] = False,
+    retries: Annotated[int, typer.Option(min=0, help="Retries per stage; training resumes.")] = 1,
+) -> None:
+    """The whole pipeline through the Prefect flow `rlhf-pipeline`; up-to-date stages are
+    skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL, else a temporary
+    local one."""
+    from flows.pipeline import pipeline
+
+    state = pipeline(
+        target=target,
+        overrides=set_params or [],
+        containerized=containerized,
+        retries=retries,
+        return_state=True,
+    )
+    if not state.is_completed():
+        console.print(f"[red]error:[/red] rlhf-pipeline ended {state.name}: {state.message}")
+        raise typer.Exit(1)
+
+
+@app.command()
+def deploy(
+    name: Annotated[
+        list[str] | None,
+        typer.Option(help="Only this deployment of prefect.yaml (rlhf-stage, rlhf-pipeline)."),
+    ] = None,
+) -> None:
+    """Register the deployments in prefect.yaml with the Prefect server in PREFECT_API_URL."""
+    selected = [f"--name={n}" for n in name] if name else ["--all"]
+    raise typer.Exit(subprocess.call(["prefect", "--no-prompt", "deploy", *selected]))
 
 
 @app.command()

@@ -71,12 +71,24 @@ def write_params(directory: Path, overrides: dict | None = None) -> Path:
 def make_project(directory: Path, overrides: dict | None = None) -> Path:
     """A DVC project with this repo's pipeline, code and a tiny params.yaml."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("rlhf", "stages"):
+    for name in ("rlhf", "stages", "flows"):
         shutil.copytree(REPO / name, directory / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", directory / "dvc.yaml")
+    for name in ("dvc.yaml", "prefect.yaml"):
+        shutil.copy(REPO / name, directory / name)
     shutil.copytree(REPO / "data" / "raw", directory / "data" / "raw")
     write_params(directory, overrides)
     return directory
+
+
+def init_dvc_repo(project: Path) -> Path:
+    """Make `project` a git repository with DVC initialized, as a user's clone is."""
+    for args in (
+        ["git", "init", "-q"],
+        ["dvc", "init", "-q"],
+        ["dvc", "config", "core.analytics", "false"],
+    ):
+        subprocess.run(args, cwd=project, env=clean_env(), capture_output=True, check=True)
+    return project
 
 
 def run_module(module: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import clean_env, make_project, write_params
+from conftest import clean_env, init_dvc_repo, make_project, write_params
 
 
 def sh(args, cwd):
@@ -22,11 +22,7 @@ def repro(project) -> set[str]:
 
 @pytest.fixture(scope="module")
 def dvc_project(tmp_path_factory):
-    project = make_project(tmp_path_factory.mktemp("dvc"))
-    sh(["git", "init", "-q"], project)
-    sh(["dvc", "init", "-q"], project)
-    sh(["dvc", "config", "core.analytics", "false"], project)
-    return project
+    return init_dvc_repo(make_project(tmp_path_factory.mktemp("dvc")))
 
 
 def test_first_repro_runs_every_stage(dvc_project):
