@@ -31,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from prefect.states import Completed, State
 
-from rlhf.params import load_params
+from rlhf.params import parse_params
 from rlhf.report import policies_table, win_rates_table
 from stages import paths
 
@@ -61,7 +61,7 @@ def set_params(overrides: Sequence[str], params_file: Path = paths.PARAMS) -> No
         staged = Path(tmp) / params_file.name
         shutil.copy(params_file, staged)
         apply_overrides(staged, list(overrides))
-        load_params(staged)  # raises ParamsError naming the bad key or value
+        parse_params(yaml.safe_load(staged.read_text()), str(params_file))  # names key and value
         staged.replace(params_file)
 
 

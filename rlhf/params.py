@@ -189,10 +189,52 @@ class RMParams(OptimParams):
 
 
 @dataclass(frozen=True)
+class DPOParams(OptimParams):
+    """DPO on the SFT policy with the reward model's comparisons (Rafailov et al. 2023)."""
+
+    epochs: int = spec(3, "Passes over the comparisons.", ge=1)
+    batch_size: int = spec(8, "Prompts per step; each brings all its ranked pairs.", ge=1)
+    lr: float = spec(
+        3e-4,
+        "Peak AdamW learning rate. Higher rates (1e-3 here) drive the KL to SFT past 4 nats, "
+        "answers grow longer and stop ending, and the gold score falls below SFT's.",
+        gt=0.0,
+        le=1.0,
+    )
+    warmup_steps: int = spec(20, "Linear warmup steps.", ge=0)
+    weight_decay: float = spec(0.0, "AdamW decay on matrices.", ge=0.0)
+    beta: float = spec(
+        0.5,
+        "Strength of the implicit KL constraint: the implicit reward is beta times the "
+        "log-ratio to the SFT reference; smaller beta lets the policy move further.",
+        gt=0.0,
+    )
+    loss: Literal["sigmoid", "ipo"] = spec(
+        "sigmoid",
+        "`sigmoid`: the DPO loss -log sigmoid(beta h); `ipo`: (h - 1/(2 beta))^2, which stops "
+        "at a margin instead of pushing pairs apart forever.",
+    )
+    label_smoothing: float = spec(
+        0.0,
+        "Conservative DPO (sigmoid only): the assumed share of flipped labels; the collected "
+        "labels disagree with the gold order about collect.label_noise of the time.",
+        ge=0.0,
+        lt=0.5,
+    )
+    eval_batch_size: int = spec(64, "Prompts per forward when measuring validation pairs.", ge=1)
+
+
+@dataclass(frozen=True)
 class PPOParams:
     """PPO on the SFT policy against the reward model (InstructGPT section 3.5)."""
 
     steps: int = spec(120, "PPO iterations, each one rollout batch and its updates.", ge=1)
+    algo: Literal["ppo", "reinforce"] = spec(
+        "ppo",
+        "`ppo`: clipped surrogate over `ppo_epochs` passes with per-token GAE advantages; "
+        "`reinforce`: REINFORCE with the critic as baseline, one advantage per answer, one pass, "
+        "no clipping (the evaluation then names the policy `reinforce`).",
+    )
     batch_size: int = spec(64, "Prompts per rollout.", ge=1)
     minibatch_size: int = spec(16, "Responses per gradient step in the update.", ge=1)
     ppo_epochs: int = spec(4, "Passes over each rollout batch.", ge=1)
@@ -310,6 +352,7 @@ class Params:
     )
     rm: RMParams = field(default_factory=RMParams, metadata={"doc": "Reward model stage."})
     ppo: PPOParams = field(default_factory=PPOParams, metadata={"doc": "PPO stage."})
+    dpo: DPOParams = field(default_factory=DPOParams, metadata={"doc": "DPO stage."})
     evaluate: EvaluateParams = field(
         default_factory=EvaluateParams, metadata={"doc": "Evaluate stage."}
     )

@@ -99,6 +99,26 @@ def clipped_policy_loss(
     )
 
 
+def sequence_advantages(rewards: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """REINFORCE with a learned baseline: one advantage per answer on each of its tokens, the
+    whole return (score plus every token's KL penalty) minus the critic's value before the
+    first token; and the undiscounted returns-to-go the critic regresses on. [B, N] each."""
+    returns = rewards.flip(-1).cumsum(-1).flip(-1) * mask
+    return (returns[:, :1] - values[:, :1]) * mask, returns
+
+
+def reinforce_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+) -> PolicyLoss:
+    """The policy-gradient loss -A log pi as a masked token mean: no ratio, no clipping."""
+    with torch.no_grad():
+        log_ratio = logprobs - old_logprobs
+        approx_kl = masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+    return PolicyLoss(
+        masked_mean(-advantages * logprobs, mask), torch.zeros((), device=mask.device), approx_kl
+    )
+
+
 def clipped_value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float
 ) -> tuple[Tensor, Tensor]:

@@ -33,6 +33,8 @@ from rlhf.ppo import (
     gae,
     kl_per_token,
     masked_mean,
+    reinforce_loss,
+    sequence_advantages,
     token_rewards,
     whiten,
 )
@@ -131,7 +133,10 @@ class PPOTrainer:
         rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         kl = kl_per_token(policy_out.logprobs, ref_logprobs) * mask
         per_token, non_score = token_rewards(rewards, kl, mask, self.kl_ctl.beta)
-        advantages, returns = gae(per_token, values, mask, cfg.gamma, cfg.lam)
+        if cfg.algo == "reinforce":
+            advantages, returns = sequence_advantages(per_token, values, mask)
+        else:
+            advantages, returns = gae(per_token, values, mask, cfg.gamma, cfg.lam)
         scoring_s = time.perf_counter() - started
 
         experience = Experience(
@@ -204,7 +209,7 @@ class PPOTrainer:
         rollout, batch = exp.rollout, exp.rollout.sequences.shape[0]
         trained_tokens = 0
         epochs_run = 0
-        for _ in range(cfg.ppo_epochs):
+        for _ in range(1 if cfg.algo == "reinforce" else cfg.ppo_epochs):
             order = torch.randperm(batch, generator=self.shuffle_rng).to(self.device)
             epoch_kl = []
             for start in range(0, batch, cfg.minibatch_size):
@@ -218,10 +223,15 @@ class PPOTrainer:
                         rollout.prompt_width,
                         cfg.temperature,
                     )
-                    policy = clipped_policy_loss(
-                        out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask,
-                        cfg.cliprange,
-                    )  # fmt: skip
+                    if cfg.algo == "reinforce":
+                        policy = reinforce_loss(
+                            out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask
+                        )
+                    else:
+                        policy = clipped_policy_loss(
+                            out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask,
+                            cfg.cliprange,
+                        )  # fmt: skip
                     # at weight 0 the entropy is only logged: no backward pass through it
                     with torch.set_grad_enabled(cfg.entropy_coef > 0):
                         mean_entropy = masked_mean(entropy(out.logits), mask)

@@ -87,6 +87,7 @@ def fit(
     fingerprint: str,
     lengths: Sequence[int] | None = None,
     fresh_extra: Callable[[], dict[str, Any]] = dict,
+    step_stats: Callable[[], dict[str, float]] = dict,
     on_step: Callable[[int, int, float], None] = lambda step, total, loss: None,
     log: Callable[[str], None] = print,
 ) -> History:
@@ -94,7 +95,8 @@ def fit(
 
     `lengths` (tokens per example) turns on length-bucketed batches (`batch_order`).
     `fresh_extra` is called only on a fresh start (an untrained baseline, say); on resume its
-    saved value comes back in `History.extra`.
+    saved value comes back in `History.extra`. `step_stats` returns what the last batch
+    measured besides its loss (DPO's implicit-reward accuracy, say) for that step's row.
     """
     optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
@@ -137,7 +139,13 @@ def fit(
         history.seconds += time.perf_counter() - started
         history.tokens += tokens
         history.steps.append(
-            {"step": step + 1, "epoch": epoch + 1, "lr": lr, "train_loss": loss.item()}
+            {
+                "step": step + 1,
+                "epoch": epoch + 1,
+                "lr": lr,
+                "train_loss": loss.item(),
+                **step_stats(),
+            }
         )
 
         if index == steps_per_epoch - 1:

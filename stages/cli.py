@@ -98,6 +98,14 @@ def ppo() -> None:
 
 
 @app.command()
+def dpo() -> None:
+    """Direct preference optimization of the SFT policy on the comparisons (stage `dpo`)."""
+    from stages import dpo as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
 def evaluate() -> None:
     """Every policy on the held-out prompts: win rates, over-optimization, the report (stage
     `evaluate`)."""

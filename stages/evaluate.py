@@ -214,12 +214,14 @@ def run() -> dict[str, float]:
     synthetic = all(r["source"] == "synthetic" for r in heldout)
     sft, _ = checkpoint.load_model(paths.SFT_MODEL, tokenizer, device)
     policies: dict[str, GPT] = {"sft": sft}
-    steps: dict[str, int] = {"sft": 0}
+    rl_policy, rl_steps = None, 0  # the RL stage's policy, named by its algorithm
     for name, path in paths.POLICIES.items():
         if name != "sft" and path.exists():
-            policies[name], payload = checkpoint.load_model(path, tokenizer, device)
-            steps[name] = int(payload.get("step", 0))
-    snapshots = sorted(paths.PPO_SNAPSHOTS.glob("step_*.pt")) if "ppo" in policies else []
+            model, payload = checkpoint.load_model(path, tokenizer, device)
+            if path == paths.PPO_MODEL:
+                name, rl_policy, rl_steps = payload["algo"], payload["algo"], payload["step"]
+            policies[name] = model
+    snapshots = sorted(paths.PPO_SNAPSHOTS.glob("step_*.pt")) if rl_policy else []
 
     evaluate = functools.partial(
         score_policy,
@@ -244,7 +246,7 @@ def run() -> dict[str, float]:
             sampled[name] = evaluate(model, n=cfg.samples, config=sampling)
             answers["greedy"][name] = evaluate(model, n=1, config=greedy_decoding)
             bar.advance(task, 2)
-        if "ppo" in policies:
+        if rl_policy:
             curve.append(curve_point(0, sampled["sft"]))
             for snapshot in snapshots:
                 bar.update(task, extra=snapshot.stem)
@@ -252,7 +254,7 @@ def run() -> dict[str, float]:
                 along = evaluate(model, n=cfg.samples, config=sampling)
                 curve.append(curve_point(int(payload["step"]), along))
                 bar.advance(task)
-            curve.append(curve_point(steps["ppo"], sampled["ppo"]))
+            curve.append(curve_point(rl_steps, sampled[rl_policy]))
 
     rates = greedy_rates = {}
     if synthetic:

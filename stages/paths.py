@@ -25,9 +25,10 @@ RM_MODEL = Path("artifacts/rm/model.pt")
 PPO_MODEL = Path("artifacts/ppo/model.pt")
 PPO_SAMPLES = Path("artifacts/ppo/samples.jsonl")
 PPO_SNAPSHOTS = Path("artifacts/ppo/snapshots")  # policy every ppo.snapshot_every iterations
+DPO_MODEL = Path("artifacts/dpo/model.pt")
 
 # Every policy the evaluation compares, by the name its metric keys use; absent ones are skipped.
-POLICIES = {"sft": SFT_MODEL, "ppo": PPO_MODEL}
+POLICIES = {"sft": SFT_MODEL, "ppo": PPO_MODEL, "dpo": DPO_MODEL}
 
 METRICS = Path("metrics")
 SFT_METRICS = METRICS / "sft.json"
@@ -39,6 +40,9 @@ RM_STEPS = METRICS / "rm_steps.csv"
 RM_EPOCHS = METRICS / "rm_epochs.csv"
 PPO_METRICS = METRICS / "ppo.json"
 PPO_STEPS = METRICS / "ppo_steps.csv"
+DPO_METRICS = METRICS / "dpo.json"
+DPO_STEPS = METRICS / "dpo_steps.csv"
+DPO_EPOCHS = METRICS / "dpo_epochs.csv"
 EVAL_METRICS = METRICS / "eval.json"
 EVAL_CURVE = METRICS / "eval_overoptimization.csv"
 

@@ -1,5 +1,9 @@
 """ppo: optimize the SFT policy against the reward model with PPO, then judge it against SFT.
 
+`ppo.algo: reinforce` swaps the update for REINFORCE with the critic as baseline (one
+advantage per answer, one pass, no clipping) on the same rollouts and rewards; the checkpoint
+records which, and the evaluation names the policy after it.
+
 Resume state (policy, critic, optimizers, KL coefficient, step, RNGs, history) is saved every
 `ppo.save_every` iterations; a killed run started again continues from there and, on CPU,
 ends with the same numbers as an uninterrupted one.
@@ -104,7 +108,12 @@ def run() -> dict[str, Any]:
 
     def policy_payload() -> dict[str, Any]:
         return checkpoint.model_payload(
-            policy, tokenizer, group_hash(p, *PARAM_GROUPS), kind="policy", step=trainer.step
+            policy,
+            tokenizer,
+            group_hash(p, *PARAM_GROUPS),
+            kind="policy",
+            step=trainer.step,
+            algo=cfg.algo,
         )
 
     fingerprint = group_hash(p, *PARAM_GROUPS) + file_digest(

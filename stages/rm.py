@@ -8,13 +8,13 @@ std is recorded: PPO uses both to normalize rewards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rlhf import checkpoint
-from rlhf.data import COMPARISON_SCHEMA, SFT_SCHEMA, Example, encode_example, read_rows
+from rlhf.comparisons import EncodedGroup, encode_groups
+from rlhf.data import COMPARISON_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.model import GPT
 from rlhf.params import Params, group_hash
 from rlhf.reward import (
@@ -34,39 +34,6 @@ from stages.common import console, file_digest, params, progress, publish_traini
 
 RESUME_FILE = paths.RESUME / "rm.pt"
 PARAM_GROUPS = ("seed", "device", "rm")
-
-
-@dataclass(frozen=True)
-class EncodedGroup:
-    """One prompt's distinct responses, tokenized once before training, and its ranking.
-
-    Sampling repeats answers (a greeting has few ways to be right); each distinct response is
-    forwarded once, and `rows` maps every ranked response to the example that holds it.
-    """
-
-    examples: list[Example]
-    rows: list[int]
-    ranks: list[int]
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(e.ids) for e in self.examples)
-
-
-def encode_groups(
-    tokenizer: Tokenizer, rows: list[dict[str, Any]], block_size: int
-) -> list[EncodedGroup]:
-    groups = []
-    for r in rows:
-        distinct = list(dict.fromkeys(r["responses"]))
-        groups.append(
-            EncodedGroup(
-                [encode_example(tokenizer, r["prompt"], x, block_size) for x in distinct],
-                [distinct.index(x) for x in r["responses"]],
-                r["ranks"],
-            )
-        )
-    return groups
 
 
 def group_loss(

@@ -45,6 +45,7 @@ TINY_PARAMS = {
         "ptx_coef": 0.5,
         "ptx_batch_size": 4,
     },
+    "dpo": {"epochs": 2, "batch_size": 8, "lr": 0.001, "warmup_steps": 2, "save_every": 2},
     # one sample per prompt, as ppo.eval_samples: the two evaluations must then agree exactly
     "evaluate": {
         "samples": 1,
@@ -136,6 +137,7 @@ def trained_project(tmp_path_factory) -> Path:
         "stages.collect",
         "stages.rm",
         "stages.ppo",
+        "stages.dpo",
         "stages.evaluate",
     ):
         run_module(module, project)

@@ -26,7 +26,9 @@ def dvc_project(tmp_path_factory):
 
 
 def test_first_repro_runs_every_stage(dvc_project):
-    assert repro(dvc_project) == {"prepare", "tokenizer", "sft", "collect", "rm", "ppo", "evaluate"}
+    assert repro(dvc_project) == {
+        "prepare", "tokenizer", "sft", "collect", "rm", "ppo", "dpo", "evaluate",
+    }  # fmt: skip
     assert (dvc_project / "artifacts" / "sft" / "model.pt").exists()
     assert (dvc_project / "reports" / "eval.md").exists()
     shown = sh(["dvc", "metrics", "show", "--json"], dvc_project).stdout
@@ -65,9 +67,14 @@ def test_changing_evaluate_params_reruns_evaluate_only(dvc_project):
     assert repro(dvc_project) == {"evaluate"}
 
 
+def test_changing_dpo_beta_reruns_dpo_and_evaluate_only(dvc_project):
+    write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "dpo.beta": 0.2})
+    assert repro(dvc_project) == {"dpo", "evaluate"}
+
+
 def test_changing_sft_lr_reruns_sft_and_downstream(dvc_project):
     write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "sft.lr": 0.02})
-    assert repro(dvc_project) == {"sft", "collect", "rm", "ppo", "evaluate"}
+    assert repro(dvc_project) == {"sft", "collect", "rm", "ppo", "dpo", "evaluate"}
 
 
 def test_changing_tokenizer_reruns_it_and_downstream(dvc_project):
@@ -75,7 +82,7 @@ def test_changing_tokenizer_reruns_it_and_downstream(dvc_project):
         dvc_project,
         {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "sft.lr": 0.02, "tokenizer.vocab_size": 350},
     )
-    assert repro(dvc_project) == {"tokenizer", "sft", "collect", "rm", "ppo", "evaluate"}
+    assert repro(dvc_project) == {"tokenizer", "sft", "collect", "rm", "ppo", "dpo", "evaluate"}
 
 
 def test_stages_declare_exactly_their_param_groups():
@@ -88,7 +95,9 @@ def test_stages_declare_exactly_their_param_groups():
     assert stages["collect"]["params"] == ["seed", "device", "collect"]
     assert stages["rm"]["params"] == ["seed", "device", "rm"]
     assert stages["ppo"]["params"] == ["seed", "device", "ppo"]
+    assert stages["dpo"]["params"] == ["seed", "device", "dpo"]
     assert stages["evaluate"]["params"] == ["seed", "device", "evaluate"]
+    assert "artifacts/dpo/model.pt" in stages["evaluate"]["deps"]
     assert {"artifacts/sft/model.pt", "artifacts/rm/model.pt"} <= set(stages["ppo"]["deps"])
     assert not any(".rlhf" in str(out) for s in stages.values() for out in s.get("outs", []))
 

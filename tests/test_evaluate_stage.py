@@ -23,8 +23,8 @@ def eval_metrics(project):
 def test_metrics_have_the_stable_headline_keys(trained_project):
     metrics = eval_metrics(trained_project)
     for key in ("gold_sampled", "gold_greedy", "rm_sampled", "kl_to_sft", "response_length"):
-        assert set(metrics[key]) == {"sft", "ppo"}, key
-    assert set(metrics["win_rate"]) == {"ppo_vs_sft"}
+        assert set(metrics[key]) == {"sft", "ppo", "dpo"}, key
+    assert set(metrics["win_rate"]) == {"ppo_vs_sft", "dpo_vs_sft", "dpo_vs_ppo"}
     ci = metrics["win_rate_ci95"]["ppo_vs_sft"]
     assert ci["low"] <= metrics["win_rate"]["ppo_vs_sft"] <= ci["high"]
     assert 0.0 <= metrics["win_rate_greedy"]["ppo_vs_sft"] <= 1.0
@@ -39,7 +39,8 @@ def test_evaluation_agrees_with_the_ppo_stage_on_the_same_samples(trained_projec
     so their gold scores, win rate and KL must agree."""
     metrics = eval_metrics(trained_project)
     ppo = json.loads((trained_project / "metrics" / "ppo.json").read_text())
-    assert metrics["gold_sampled"] == {"sft": ppo["gold_sampled_sft"], "ppo": ppo["gold_sampled"]}
+    assert metrics["gold_sampled"]["sft"] == ppo["gold_sampled_sft"]
+    assert metrics["gold_sampled"]["ppo"] == ppo["gold_sampled"]
     assert metrics["win_rate"]["ppo_vs_sft"] == ppo["win_rate_vs_sft"]
     assert metrics["kl_to_sft"]["ppo"] == pytest.approx(ppo["kl_to_sft"], abs=1e-3)
 
@@ -126,7 +127,7 @@ def test_prompts_without_a_gold_judge_get_reward_model_scores_only(trained_proje
     run_module("stages.evaluate", project)
     metrics = eval_metrics(project)
     assert "gold_sampled" not in metrics and "win_rate" not in metrics
-    assert set(metrics["rm_sampled"]) == {"sft", "ppo"}
+    assert set(metrics["rm_sampled"]) == {"sft", "ppo", "dpo"}
     text = (project / "reports" / "eval.md").read_text()
     assert "no gold judge" in text
 
@@ -149,3 +150,19 @@ def test_cli_report_before_evaluate_says_what_to_run(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["report"])
     assert result.exit_code == 2
     assert "dvc repro evaluate" in result.output
+
+
+def test_reinforce_variant_is_evaluated_under_its_own_name(trained_project, tmp_path):
+    project = make_project(tmp_path / "p", {"ppo.algo": "reinforce"})
+    for part in ("data", "metrics"):
+        shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    for name in ("tokenizer", "sft", "rm", "dpo"):
+        shutil.copytree(trained_project / "artifacts" / name, project / "artifacts" / name)
+    run_module("stages.ppo", project)
+    run_module("stages.evaluate", project)
+    metrics = eval_metrics(project)
+    assert set(metrics["gold_sampled"]) == {"sft", "reinforce", "dpo"}
+    assert set(metrics["win_rate"]) == {"reinforce_vs_sft", "dpo_vs_sft", "dpo_vs_reinforce"}
+    assert metrics["kl_to_sft"]["reinforce"] > 0
+    with open(project / "metrics" / "ppo_steps.csv") as handle:
+        assert {row["ppo_epochs_run"] for row in csv.DictReader(handle)} == {"1"}  # one pass

@@ -11,8 +11,14 @@ import pytest
 import yaml
 from prefect import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 from prefect.deployments import run_deployment
+from prefect.logging.handlers import APILogHandler
 from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 from prefect.workers.process import ProcessWorker
@@ -23,7 +29,7 @@ from stages.cli import app
 
 from conftest import REPO, clean_env, init_dvc_repo, make_project
 
-ALL_STAGES = {"prepare", "tokenizer", "sft", "collect", "rm", "ppo", "evaluate"}
+ALL_STAGES = {"prepare", "tokenizer", "sft", "collect", "rm", "ppo", "dpo", "evaluate"}
 TEST_POOL = "rlhf-test-process"
 
 
@@ -82,6 +88,13 @@ def test_a_ppo_override_reruns_ppo_and_what_follows(in_project):
     ran = {stage for stage, name in stage_states(state).items() if name == "Completed"}
     assert ran == {"ppo", "evaluate"}
     assert yaml.safe_load((in_project / "params.yaml").read_text())["ppo"]["kl_coef"] == 0.3
+    APILogHandler().flush()  # logs reach the API in batches
+    run = LogFilterFlowRunId(any_=[state.state_details.flow_run_id])
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=run), limit=200)  # the earliest
+    messages = "\n".join(log.message for log in logs)
+    assert "Running stage 'ppo'" in messages  # DVC's output
+    assert "ppo: [" in messages  # the stage's own sample answers
 
 
 def test_a_target_stops_the_pipeline_there(in_project):
@@ -141,7 +154,11 @@ def worker(tmp_path_factory, prefect_server):
     )  # fmt: skip
     yield project
     process.terminate()
-    process.wait(timeout=30)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # a worker busy shutting down its runner
+        process.kill()
+        process.wait()
 
 
 def test_pipeline_deployment_schedule_and_parameters_come_from_prefect_yaml(worker):

@@ -10,6 +10,8 @@ from rlhf.ppo import (
     gae,
     kl_per_token,
     masked_mean,
+    reinforce_loss,
+    sequence_advantages,
     token_rewards,
     whiten,
 )
@@ -125,3 +127,24 @@ def test_adaptive_kl_controller_moves_beta_toward_the_target():
 def test_masked_mean_ignores_padding():
     assert masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1.0, 1.0, 0.0])) == 2.0
     assert not math.isnan(masked_mean(torch.zeros(2), torch.zeros(2)).item())
+
+
+def test_reinforce_has_one_advantage_per_answer():
+    """Return = score + every token's KL penalty; the baseline is the value before token 0."""
+    rewards = torch.tensor([[-0.1, -0.2, 1.0, 0.0], [0.3, 2.0, 0.0, 0.0]])
+    values = torch.tensor([[0.5, 0.1, 0.9, 0.0], [-1.0, 0.4, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    advantages, returns = sequence_advantages(rewards, values, mask)
+    torch.testing.assert_close(advantages, torch.tensor([[0.2] * 3 + [0.0], [3.3] * 2 + [0.0] * 2]))
+    torch.testing.assert_close(returns, torch.tensor([[0.7, 0.8, 1.0, 0.0], [2.3, 2.0, 0.0, 0.0]]))
+
+
+def test_reinforce_loss_is_the_plain_policy_gradient():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    advantages = torch.tensor([[2.0, 2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    out = reinforce_loss(logprobs, logprobs.detach() - 0.3, advantages, mask)  # no clip at 0.3
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, torch.tensor(3.0))  # -(2 * -1 + 2 * -2) / 2
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-1.0, -1.0, 0.0]]))
+    assert out.clip_fraction.item() == 0.0 and out.approx_kl.item() > 0

@@ -1,0 +1,87 @@
+import csv
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from rlhf import checkpoint
+from rlhf.data import Example
+from rlhf.dpo import dpo_loss, sequence_logprobs
+from rlhf.model import GPT, GPTConfig
+from rlhf.reward import pad_examples
+
+from conftest import kill_at_first_save, make_project, run_module
+
+
+def log_sigmoid(x: float) -> float:
+    return -math.log1p(math.exp(-x))
+
+
+def test_dpo_loss_matches_hand_computation():
+    chosen, rejected = torch.tensor([1.0, 0.2]), torch.tensor([-1.0, 0.6])
+    loss = dpo_loss(chosen, rejected, beta=0.5)
+    # h = 2 and -0.4; -log sigmoid(0.5 h)
+    assert loss.tolist() == pytest.approx([-log_sigmoid(1.0), -log_sigmoid(-0.2)], abs=1e-6)
+    assert -log_sigmoid(1.0) == pytest.approx(0.313262, abs=1e-6)
+
+
+def test_conservative_dpo_mixes_in_the_flipped_label():
+    loss = dpo_loss(torch.tensor([1.0]), torch.tensor([-1.0]), beta=0.5, label_smoothing=0.1)
+    expected = -0.9 * log_sigmoid(1.0) - 0.1 * log_sigmoid(-1.0)  # 0.413262
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert expected == pytest.approx(0.413262, abs=1e-6)
+
+
+def test_ipo_regresses_the_margin_to_one_over_two_beta():
+    h_two = (torch.tensor([1.0]), torch.tensor([-1.0]))
+    assert dpo_loss(*h_two, beta=0.5, loss="ipo").item() == pytest.approx(1.0)  # (2 - 1)^2
+    assert dpo_loss(*h_two, beta=0.25, loss="ipo").item() == pytest.approx(0.0)  # (2 - 2)^2
+    assert dpo_loss(*h_two, beta=1.0, loss="ipo").item() == pytest.approx(2.25)  # (2 - .5)^2
+    with pytest.raises(ValueError, match="unknown DPO loss"):
+        dpo_loss(*h_two, beta=0.1, loss="hinge")
+
+
+def test_sequence_logprobs_sum_the_response_tokens_only():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
+    ids_a, ids_b = [1, 5, 6, 2, 7, 8, 3], [1, 9, 2, 4, 3]  # response starts at index 4 / 3
+    batch = pad_examples([Example(ids_a, 4), Example(ids_b, 3)], pad_id=0)
+    got = sequence_logprobs(model, batch)
+    for row, (ids, start) in enumerate(((ids_a, 4), (ids_b, 3))):
+        logp = torch.log_softmax(model(torch.tensor([ids])), -1)[0]
+        expected = sum(logp[t - 1, ids[t]] for t in range(start, len(ids)))
+        assert got[row].item() == pytest.approx(float(expected), abs=1e-5)
+
+
+def dpo_metrics(project):
+    return json.loads((project / "metrics" / "dpo.json").read_text())
+
+
+def test_dpo_stage_separates_chosen_from_rejected(trained_project):
+    metrics = dpo_metrics(trained_project)
+    assert metrics["reward_margin"] > 0 and 0.5 <= metrics["reward_accuracy"] <= 1.0
+    gap = metrics["chosen_logp"] - metrics["rejected_logp"]
+    assert gap > metrics["chosen_logp_sft"] - metrics["rejected_logp_sft"]
+    with open(trained_project / "metrics" / "dpo_steps.csv") as handle:
+        steps = list(csv.DictReader(handle))
+    logged = {"train_loss", "reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"}
+    assert logged <= set(steps[0])
+    payload = checkpoint.load(trained_project / "artifacts" / "dpo" / "model.pt")
+    assert payload["kind"] == "policy"
+
+
+def test_killed_dpo_resumes_and_matches(trained_project, tmp_path):
+    project = make_project(tmp_path / "p")
+    shutil.copytree(trained_project / "data", project / "data", dirs_exist_ok=True)
+    for name in ("tokenizer", "sft"):
+        shutil.copytree(trained_project / "artifacts" / name, project / "artifacts" / name)
+    resume = kill_at_first_save(project, "stages.dpo", project / ".rlhf" / "resume" / "dpo.pt")
+    killed_at = checkpoint.load(resume)["step"]
+    rerun = run_module("stages.dpo", project)
+    assert f"resuming from step {killed_at}" in rerun.stderr
+    resumed, uninterrupted = dpo_metrics(project), dpo_metrics(trained_project)
+    for metrics in (resumed, uninterrupted):
+        metrics.pop("tokens_per_s")
+    assert resumed == uninterrupted
