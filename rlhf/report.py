@@ -119,12 +119,12 @@ def warning_signs(
 def render(
     metrics: Mapping[str, Any],
     *,
-    policies: Sequence[str],
     curve: Sequence[Mapping[str, Any]],
     examples: Sequence[Mapping[str, Any]],
     figures: Mapping[str, str],
 ) -> str:
     """The whole report. `figures`: caption -> path relative to the report."""
+    policies = list(metrics["kl_to_sft"])
     has_gold = "gold_sampled" in metrics
     lines = [
         "# Evaluation report",

@@ -1,10 +1,11 @@
 """dpo: direct preference optimization of the SFT policy on the reward model's comparisons.
 
-No reward model and no sampling: the policy and a frozen reference both start as the SFT
-model, and the reference's log-probs of every distinct response are computed once, before
-training. Each step takes `dpo.batch_size` prompts, forwards each distinct response once and
-averages the loss over all their ranked pairs, every prompt weighing the same (as the reward
-model's K-way loss does). Resumable like SFT and the reward model.
+No reward model and no sampling: the policy starts as the SFT model, which is also the
+frozen reference, so the reference's log-probs of every distinct response are computed once,
+before training, and no second model is kept. Each step takes `dpo.batch_size` prompts,
+forwards each distinct response once and averages the loss over all their ranked pairs, every
+prompt weighing the same (as the reward model's K-way loss does). Resumable like SFT and the
+reward model.
 
 Metrics: how the implicit reward beta * (log pi - log pi_ref) orders held-out comparisons
 (against the noisy labels and the gold order, with the reward model's metric names), its
@@ -93,14 +94,14 @@ def run() -> dict[str, Any]:
     train = read_rows(paths.COMPARISONS_TRAIN, COMPARISON_SCHEMA)
     val = read_rows(paths.COMPARISONS_VAL, COMPARISON_SCHEMA)
     policy, _ = checkpoint.load_model(paths.SFT_MODEL, tokenizer, device)
-    reference, _ = checkpoint.load_model(paths.SFT_MODEL, tokenizer, device)
     pad = tokenizer.pad_id
     train_groups = encode_groups(tokenizer, train, policy.config.block_size)
     val_groups = encode_groups(tokenizer, val, policy.config.block_size)
     chunk = cfg.eval_batch_size
-    reference.requires_grad_(False)
-    train_reference = all_logprobs(reference, train_groups, pad, chunk)
-    val_reference = all_logprobs(reference, val_groups, pad, chunk)
+    # the reference is the SFT model: the policy before its first step (a resumed run loads its
+    # trained weights only inside `fit`), so no second copy is kept
+    train_reference = all_logprobs(policy, train_groups, pad, chunk)
+    val_reference = all_logprobs(policy, val_groups, pad, chunk)
     console.print(f"dpo: {len(train)} prompts, reference log-probs of every response computed")
 
     def validation() -> dict[str, float]:

@@ -159,14 +159,12 @@ def write_report(
         figures[caption] = f"figures/{name}.png"
         draw(staged / figures[caption])
 
-    policies = list(metrics["kl_to_sft"])
     if rates:
         figure("Win rates", "win_rates", lambda path: plots.win_rates(path, rates))
     if "gold_sampled" in metrics:
         by_policy = {
-            p: {"all": metrics["gold_sampled"][p]}
-            | {t: v["gold_sampled"] for t, v in metrics["by_task"][p].items()}
-            for p in policies
+            p: {"all": gold} | {t: v["gold_sampled"] for t, v in metrics["by_task"][p].items()}
+            for p, gold in metrics["gold_sampled"].items()
         }
         caption = "Gold score by task family, sampled answers"
         figure(
@@ -188,9 +186,7 @@ def write_report(
         "ppo_steps": read_csv(paths.PPO_STEPS),
     }
     figure("Training curves", "training", lambda path: plots.training_curves(path, **training))
-    text = report.render(
-        metrics, policies=policies, curve=curve, examples=examples, figures=figures
-    )
+    text = report.render(metrics, curve=curve, examples=examples, figures=figures)
     (staged / paths.REPORT.name).write_text(text)
 
 
@@ -272,13 +268,8 @@ def run() -> dict[str, float]:
     write_csv(paths.EVAL_CURVE, curve)
     write_json(paths.EVAL_METRICS, metrics)
     numbers = headline(metrics)
-    console.print(
-        "evaluate: "
-        + ", ".join(f"{k} {v}" for k, v in numbers.items() if k.split(".")[0] in HEADLINE[:1])
-        + "; "
-        + ", ".join(f"{k} {v}" for k, v in numbers.items() if k.startswith("win_rate."))
-        + f"; report in {paths.REPORT}"
-    )
+    shown = [f"{k} {v}" for k, v in numbers.items() if k.startswith(("gold_sampled.", "win_rate."))]
+    console.print(f"evaluate: {', '.join(shown)}; report in {paths.REPORT}")
     return numbers
 
 

@@ -77,7 +77,6 @@ def test_report_tables_come_from_the_metrics(tmp_path):
     ]  # fmt: skip
     text = render(
         metrics(),
-        policies=["sft", "ppo"],
         curve=curve((0.6, -0.2), (0.7, 0.3)),
         examples=examples,
         figures={"Win rates": "figures/win_rates.png"},
