@@ -48,9 +48,11 @@ def test_sequence_logprobs_sum_the_response_tokens_only():
     model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
     ids_a, ids_b = [1, 5, 6, 2, 7, 8, 3], [1, 9, 2, 4, 3]  # response starts at index 4 / 3
     batch = pad_examples([Example(ids_a, 4), Example(ids_b, 3)], pad_id=0)
-    got = sequence_logprobs(model, batch)
+    with torch.no_grad():
+        got = sequence_logprobs(model, batch)
     for row, (ids, start) in enumerate(((ids_a, 4), (ids_b, 3))):
-        logp = torch.log_softmax(model(torch.tensor([ids])), -1)[0]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])), -1)[0]
         expected = sum(logp[t - 1, ids[t]] for t in range(start, len(ids)))
         assert got[row].item() == pytest.approx(float(expected), abs=1e-5)
 
