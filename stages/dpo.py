@@ -30,7 +30,7 @@ from rlhf.reward import pad_examples, ranking_pairs
 from rlhf.reward_metrics import comparison_metrics
 from rlhf.tokenizer import load_tokenizer
 from rlhf.trainer import fit
-from rlhf.training import resolve_device
+from rlhf.training import autocast, resolve_device
 from stages import paths
 from stages.common import console, file_digest, params, progress, publish_training
 
@@ -44,13 +44,21 @@ def group_logprobs(model: GPT, groups: list[EncodedGroup], pad_id: int) -> Tenso
 
 
 @torch.no_grad()
-def all_logprobs(model: GPT, groups: list[EncodedGroup], pad_id: int, chunk: int) -> list[Tensor]:
-    """Per group, log pi of its distinct responses; `chunk` groups per forward."""
+def all_logprobs(
+    model: GPT, groups: list[EncodedGroup], pad_id: int, chunk: int, bf16: bool = False
+) -> list[Tensor]:
+    """Per group, log pi of its distinct responses; `chunk` groups per forward.
+
+    `bf16` computes them under the training steps' autocast: the reference log-probs of the
+    training pairs must come from the same precision as the policy's, or on CUDA every
+    log-ratio starts off zero by the rounding difference and DPO fits that noise.
+    """
     out = []
-    for start in range(0, len(groups), chunk):
-        part = groups[start : start + chunk]
-        flat = group_logprobs(model, part, pad_id).cpu().split([len(g.examples) for g in part])
-        out += list(flat)
+    with autocast(next(model.parameters()).device, bf16):
+        for start in range(0, len(groups), chunk):
+            part = groups[start : start + chunk]
+            flat = group_logprobs(model, part, pad_id).cpu().split([len(g.examples) for g in part])
+            out += list(flat)
     return out
 
 
@@ -99,8 +107,9 @@ def run() -> dict[str, Any]:
     val_groups = encode_groups(tokenizer, val, policy.config.block_size)
     chunk = cfg.eval_batch_size
     # the reference is the SFT model: the policy before its first step (a resumed run loads its
-    # trained weights only inside `fit`), so no second copy is kept
-    train_reference = all_logprobs(policy, train_groups, pad, chunk)
+    # trained weights only inside `fit`), so no second copy is kept. Training steps run under
+    # autocast, validation in full precision; each reference matches the forwards it meets.
+    train_reference = all_logprobs(policy, train_groups, pad, chunk, bf16=cfg.bf16)
     val_reference = all_logprobs(policy, val_groups, pad, chunk)
     console.print(f"dpo: {len(train)} prompts, reference log-probs of every response computed")
 

@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from rlhf import checkpoint
+from rlhf.comparisons import EncodedGroup
 from rlhf.data import Example
 from rlhf.dpo import dpo_loss, sequence_logprobs
 from rlhf.model import GPT, GPTConfig
 from rlhf.reward import pad_examples
+from rlhf.training import autocast
+from stages.dpo import all_logprobs, group_logprobs
 
 from conftest import kill_at_first_save, make_project, run_module
 
@@ -55,6 +58,25 @@ def test_sequence_logprobs_sum_the_response_tokens_only():
             logp = torch.log_softmax(model(torch.tensor([ids])), -1)[0]
         expected = sum(logp[t - 1, ids[t]] for t in range(start, len(ids)))
         assert got[row].item() == pytest.approx(float(expected), abs=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 autocast runs on CUDA only")
+def test_reference_logprobs_share_the_training_precision():
+    """At step zero every log-ratio must be zero: the reference comes from the same bf16
+    forward as the policy's, not from a full-precision one."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    model = model.to(device)
+    first = [Example([1, 5, 6, 2, 7, 8, 3], 4), Example([1, 5, 6, 2, 9, 3], 4)]
+    second = [Example([1, 9, 2, 4, 3], 3), Example([1, 9, 2, 4, 4, 4, 3], 3)]
+    groups = [EncodedGroup(first, [0, 1], [0, 1]), EncodedGroup(second, [0, 1], [1, 0])]
+    reference = torch.cat(all_logprobs(model, groups, pad_id=0, chunk=8, bf16=True))
+    full_precision = torch.cat(all_logprobs(model, groups, pad_id=0, chunk=8))
+    with torch.no_grad(), autocast(device, bf16=True):
+        policy = group_logprobs(model, groups, pad_id=0).cpu()
+    assert torch.allclose(policy, reference, atol=1e-6)
+    assert not torch.allclose(policy, full_precision, atol=1e-6)
 
 
 def dpo_metrics(project):
