@@ -43,3 +43,9 @@ def encode_groups(
             )
         )
     return groups
+
+
+def response_lengths(tokenizer: Tokenizer, rows: list[dict[str, Any]]) -> list[int]:
+    """Tokens of every ranked response, row by row: what the length-bias metric correlates
+    the rewards with."""
+    return [len(tokenizer.encode(x)) for r in rows for x in r["responses"]]

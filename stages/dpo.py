@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from rlhf import checkpoint
-from rlhf.comparisons import EncodedGroup, encode_groups
+from rlhf.comparisons import EncodedGroup, encode_groups, response_lengths
 from rlhf.data import COMPARISON_SCHEMA, read_rows
 from rlhf.dpo import dpo_loss, sequence_logprobs
 from rlhf.model import GPT
@@ -166,10 +166,9 @@ def run() -> dict[str, Any]:
             val_groups, all_logprobs(policy, val_groups, pad, chunk), val_reference, strict=True
         )
     ]
-    lengths = [len(tokenizer.encode(x)) for r in val for x in r["responses"]]
     final, sft = history.epochs[-1], history.extra
     metrics = {
-        **comparison_metrics(val, implicit, lengths),
+        **comparison_metrics(val, implicit, response_lengths(tokenizer, val)),
         "val_loss": round(final["val_loss"], 6),
         "reward_accuracy": round(final["reward_accuracy"], 4),
         "reward_margin": round(final["reward_margin"], 4),

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlhf import checkpoint
-from rlhf.comparisons import EncodedGroup, encode_groups
+from rlhf.comparisons import EncodedGroup, encode_groups, response_lengths
 from rlhf.data import COMPARISON_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.model import GPT
 from rlhf.params import Params, group_hash
@@ -124,9 +124,10 @@ def run() -> dict[str, Any]:
         batch_size=p.rm.eval_batch_size,
     )
     shift, std = normalize_head(model, demo_rewards)
-    lengths = [len(tokenizer.encode(x)) for r in val for x in r["responses"]]
     metrics = {
-        **comparison_metrics(val, row_rewards(model, tokenizer, val, p), lengths),
+        **comparison_metrics(
+            val, row_rewards(model, tokenizer, val, p), response_lengths(tokenizer, val)
+        ),
         "val_loss": round(history.epochs[-1]["val_loss"], 6),
         "reward_shift": round(shift, 6),
         "reward_std": round(std, 6),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from rlhf import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,6 +120,22 @@ def kill_at_first_save(project: Path, module: str, resume: Path) -> Path:
     proc.wait()
     assert resume.exists(), f"{module} ended before writing resume state"
     return resume
+
+
+def assert_resume_matches(project: Path, trained: Path, stage: str, resume: Path) -> None:
+    """Rerun a killed `stage` in `project`: it must resume where it was killed, end with the
+    metrics of the uninterrupted run in `trained` (timing aside) and delete its resume state."""
+    killed_at = checkpoint.load(resume)["step"]
+    assert killed_at > 0
+    rerun = run_module(f"stages.{stage}", project)
+    assert f"resuming from step {killed_at}" in rerun.stderr
+    resumed, uninterrupted = (
+        json.loads((p / "metrics" / f"{stage}.json").read_text()) for p in (project, trained)
+    )
+    for metrics in (resumed, uninterrupted):
+        metrics.pop("tokens_per_s")
+    assert resumed == uninterrupted
+    assert not resume.exists()
 
 
 def clean_env() -> dict[str, str]:

@@ -5,7 +5,13 @@ import torch
 from rlhf import checkpoint
 from rlhf.tokenizer import load_tokenizer
 
-from conftest import kill_at_first_save, make_project, run_module, write_params
+from conftest import (
+    assert_resume_matches,
+    kill_at_first_save,
+    make_project,
+    run_module,
+    write_params,
+)
 
 METRIC_KEYS = {"val_loss", "gold_greedy", "gold_sampled", "tokens_per_s"}
 
@@ -52,16 +58,7 @@ def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tm
     project = make_project(tmp_path / "p")
     resume = kill_sft_at_first_save(project)
     assert not (project / "artifacts" / "sft" / "model.pt").exists()  # no half output
-    killed_at = checkpoint.load(resume)["step"]
-    assert killed_at > 0
-
-    rerun = run_module("stages.sft", project)
-    assert f"resuming from step {killed_at}" in rerun.stderr
-    resumed, uninterrupted = metrics_of(project), metrics_of(trained_project)
-    for metrics in (resumed, uninterrupted):
-        metrics.pop("tokens_per_s")
-    assert resumed == uninterrupted
-    assert not resume.exists()
+    assert_resume_matches(project, trained_project, "sft", resume)
 
 
 def test_resume_state_from_other_params_is_ignored(tmp_path):
