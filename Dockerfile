@@ -24,8 +24,6 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /opt/rlhf-pipeline
 COPY pyproject.toml constraints.txt README.md ./
 COPY rlhf ./rlhf
-COPY stages ./stages
-COPY flows ./flows
 RUN pip install -c constraints.txt -e '.[dev]'
 
 # --build-arg PREFETCH_GPT2_ENCODING=true stores tiktoken's gpt2 encoding file in the image,

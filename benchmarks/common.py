@@ -11,12 +11,14 @@ from typing import Any
 import torch
 
 
-def setup(doc: str, name: str) -> argparse.Namespace:
-    """Parse `--threads` and `--out` (default benchmarks/results/NAME.json), pin torch's thread
-    count and seed it."""
+def setup(doc: str, name: str, *extra: tuple[str, dict[str, Any]]) -> argparse.Namespace:
+    """Parse `--threads`, `--out` (default benchmarks/results/NAME.json) and the script's
+    `extra` (flag, argparse keywords) options, pin torch's thread count and seed it."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path(f"benchmarks/results/{name}.json"))
+    for flag, options in extra:
+        parser.add_argument(flag, **options)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

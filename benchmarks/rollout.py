@@ -21,8 +21,9 @@ from functools import partial
 import torch
 from common import setup, write_result
 
-from rlhf.generation import SamplingConfig, choose_tokens, generate
-from rlhf.model import GPT, GPTConfig
+from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.sampling.generate import generate
+from rlhf.sampling.sampler import SamplingConfig, choose_from_probs
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 64
@@ -83,7 +84,7 @@ def sampling_seconds(model: GPT, batch: int, generator: torch.Generator) -> floa
 
     def choose() -> None:
         for _ in range(NEW_TOKENS):
-            choose_tokens(logits.float(), config, generator)
+            choose_from_probs(logits.float().softmax(-1), config, generator)
 
     return best_of(3, choose) / NEW_TOKENS
 

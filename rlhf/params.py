@@ -19,8 +19,6 @@ from typing import Any, Literal
 
 import yaml
 
-from rlhf.rules import RULES
-
 
 class ParamsError(ValueError):
     """A params file that does not match the schema."""
@@ -44,6 +42,8 @@ def spec(
 
 
 TASK_FAMILIES = ("greet", "add", "capital", "repeat", "refuse", "uppercase")
+# RL algorithms, each with its own params group of the same name (rlhf/algorithms/rl/registry.py)
+RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
 
 
 @dataclass(frozen=True)
@@ -225,68 +225,20 @@ class DPOParams(OptimParams):
 
 
 @dataclass(frozen=True)
-class PPOParams:
-    """PPO on the SFT policy against the reward model (InstructGPT section 3.5)."""
+class RLParams:
+    """What every RL algorithm shares: the reward, how rollouts are sampled, the bookkeeping.
+    Every RL stage depends on this group, so the algorithms are always compared on the same
+    task; how each one optimizes is its own group (`ppo`, `grpo`, ...)."""
 
-    steps: int = spec(120, "PPO iterations, each one rollout batch and its updates.", ge=1)
-    algo: Literal["ppo", "reinforce"] = spec(
-        "ppo",
-        "`ppo`: clipped surrogate over `ppo_epochs` passes with per-token GAE advantages; "
-        "`reinforce`: REINFORCE with the critic as baseline, one advantage per answer, one pass, "
-        "no clipping (the evaluation then names the policy `reinforce`).",
-    )
-    batch_size: int = spec(64, "Prompts per rollout.", ge=1)
-    minibatch_size: int = spec(16, "Responses per gradient step in the update.", ge=1)
-    ppo_epochs: int = spec(4, "Passes over each rollout batch.", ge=1)
-    lr: float = spec(1e-4, "Policy peak AdamW learning rate.", gt=0.0, le=1.0)
-    critic_lr: float = spec(1e-3, "Critic peak AdamW learning rate.", gt=0.0, le=1.0)
-    min_lr_ratio: float = spec(
-        1.0, "Cosine decay floor as a share of lr (1 = constant).", ge=0.0, le=1.0
-    )
-    warmup_steps: int = spec(0, "Linear warmup iterations.", ge=0)
-    weight_decay: float = spec(0.0, "AdamW decay on matrices.", ge=0.0)
-    beta1: float = spec(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
-    beta2: float = spec(0.95, "AdamW beta2.", ge=0.0, lt=1.0)
-    grad_clip: float = spec(1.0, "Global gradient-norm clip per model; 0 disables.", ge=0.0)
-    bf16: bool = spec(True, "bf16 autocast on CUDA (ignored on CPU).")
-    critic: Literal["separate", "shared"] = spec(
-        "separate",
-        "`separate`: a critic initialized from the reward model (the paper's choice); "
-        "`shared`: a value head on the policy trunk (half the compute, coupled updates).",
-    )
     reward: str = spec(
         "rm",
         "`rm`: the reward model's score at the end token, divided by its recorded std; "
-        "`rule:NAME`: a reward function registered in rlhf/rules.py (`rule:contains_number`, "
-        "`rule:gold`); `ensemble`: the reward model plus the checkpoints in `ensemble`, "
-        "combined by `ensemble_reduce` (min resists reward hacking).",
+        "`rule:NAME`: a reward function registered in rlhf/algorithms/rules.py "
+        "(`rule:contains_number`, `rule:gold`); `ensemble`: the reward model plus the "
+        "checkpoints in `ensemble`, combined by `ensemble_reduce` (min resists reward hacking).",
     )
     ensemble: tuple[str, ...] = spec((), "Extra reward-model checkpoints for `reward: ensemble`.")
     ensemble_reduce: Literal["mean", "min"] = spec("min", "How ensemble scores combine.")
-    kl_coef: float = spec(0.2, "Initial KL penalty coefficient beta.", ge=0.0)
-    kl_target: float = spec(
-        0.0, "Adaptive KL: target KL per response (nats); 0 keeps beta fixed.", ge=0.0
-    )
-    kl_horizon: int = spec(10_000, "Adaptive KL horizon in samples (Ziegler et al.).", ge=1)
-    kl_estimator: Literal["k1", "k3"] = spec(
-        "k1", "KL estimator for logging; the penalty in the reward is always k1 per token."
-    )
-    gamma: float = spec(1.0, "Discount.", ge=0.0, le=1.0)
-    lam: float = spec(0.95, "GAE lambda.", ge=0.0, le=1.0)
-    cliprange: float = spec(0.2, "PPO ratio clip.", gt=0.0)
-    cliprange_value: float = spec(0.2, "Value clip around the rollout values.", gt=0.0)
-    vf_coef: float = spec(0.5, "Value-loss weight (shared critic only).", ge=0.0)
-    entropy_coef: float = spec(0.0, "Entropy bonus weight.", ge=0.0)
-    target_approx_kl: float = spec(
-        0.0,
-        "Stop an iteration's inner epochs once approx-KL to the rollout policy exceeds "
-        "this; 0 never stops early.",
-        ge=0.0,
-    )
-    ptx_coef: float = spec(
-        0.0, "PPO-ptx: weight of the SFT language-model loss mixed into each update.", ge=0.0
-    )
-    ptx_batch_size: int = spec(16, "SFT demonstrations per PPO-ptx term.", ge=1)
     missing_eos_penalty: float = spec(
         1.0, "Subtracted from the score of a response that never emitted the end token.", ge=0.0
     )
@@ -296,6 +248,12 @@ class PPOParams:
     top_k: int = spec(0, "Rollout top-k; 0 keeps every token.", ge=0)
     top_p: float = spec(1.0, "Rollout nucleus mass.", gt=0.0, le=1.0)
     max_new_tokens: int = spec(32, "Response length cap.", ge=1)
+    kl_estimator: Literal["k1", "k3"] = spec(
+        "k1",
+        "KL estimator of the logged `kl`: k1 = log p - log p_ref per sampled token, k3 = "
+        "(r - 1) - log r with r = p_ref / p. What the algorithms optimize is their own: the "
+        "penalty in the reward is k1, GRPO's loss term k3.",
+    )
     save_every: int = spec(10, "Iterations between resume checkpoints.", ge=1)
     snapshot_every: int = spec(
         20,
@@ -308,6 +266,102 @@ class PPOParams:
     eval_samples: int = spec(
         4, "Answers sampled per held-out prompt, per policy, for the gold evaluation.", ge=1
     )
+
+
+@dataclass(frozen=True)
+class PolicyOptimParams:
+    """How an RL algorithm optimizes the policy: what every algorithm's group holds."""
+
+    steps: int = spec(120, "Iterations, each one rollout batch and its updates.", ge=1)
+    batch_size: int = spec(64, "Prompts per rollout.", ge=1)
+    group_size: int = spec(1, "Answers sampled per prompt in a rollout.", ge=1)
+    minibatch_size: int = spec(16, "Answers per gradient step in the update.", ge=1)
+    lr: float = spec(1e-4, "Policy peak AdamW learning rate.", gt=0.0, le=1.0)
+    min_lr_ratio: float = spec(
+        1.0, "Cosine decay floor as a share of lr (1 = constant).", ge=0.0, le=1.0
+    )
+    warmup_steps: int = spec(0, "Linear warmup iterations.", ge=0)
+    weight_decay: float = spec(0.0, "AdamW decay on matrices.", ge=0.0)
+    beta1: float = spec(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
+    beta2: float = spec(0.95, "AdamW beta2.", ge=0.0, lt=1.0)
+    grad_clip: float = spec(1.0, "Global gradient-norm clip per model; 0 disables.", ge=0.0)
+    bf16: bool = spec(True, "bf16 autocast on CUDA (ignored on CPU).")
+    kl_coef: float = spec(0.2, "Initial coefficient beta of the KL to the SFT policy.", ge=0.0)
+    kl_target: float = spec(
+        0.0, "Adaptive KL: target KL per response (nats); 0 keeps beta fixed.", ge=0.0
+    )
+    kl_horizon: int = spec(10_000, "Adaptive KL horizon in samples (Ziegler et al.).", ge=1)
+    entropy_coef: float = spec(0.0, "Entropy bonus weight.", ge=0.0)
+    ptx_coef: float = spec(
+        0.0, "PPO-ptx: weight of the SFT language-model loss mixed into each update.", ge=0.0
+    )
+    ptx_batch_size: int = spec(16, "SFT demonstrations per PPO-ptx term.", ge=1)
+
+
+@dataclass(frozen=True)
+class CriticParams(PolicyOptimParams):
+    """An algorithm that learns a value function."""
+
+    critic: Literal["separate", "shared"] = spec(
+        "separate",
+        "`separate`: a critic initialized from the reward model (InstructGPT's choice); "
+        "`shared`: a value head on the policy trunk (half the compute, coupled updates).",
+    )
+    critic_lr: float = spec(1e-3, "Critic peak AdamW learning rate.", gt=0.0, le=1.0)
+    vf_coef: float = spec(0.5, "Value-loss weight (shared critic only).", ge=0.0)
+    cliprange_value: float = spec(0.2, "Value clip around the rollout values.", gt=0.0)
+
+
+@dataclass(frozen=True)
+class ClipParams(PolicyOptimParams):
+    """An algorithm with PPO's clipped importance ratio, which makes several passes over each
+    rollout sound."""
+
+    update_epochs: int = spec(4, "Passes over each rollout batch.", ge=1)
+    cliprange: float = spec(0.2, "Clip of the ratio pi / pi_rollout.", gt=0.0)
+    target_approx_kl: float = spec(
+        0.0,
+        "Stop an iteration's passes once the mean approx-KL of the last pass exceeds this; "
+        "approx-KL is the k3 estimate of KL(rollout policy || current policy) over the "
+        "sampled tokens, (r - 1) - log r with r = pi / pi_rollout. 0 never stops early.",
+        ge=0.0,
+    )
+
+
+@dataclass(frozen=True)
+class PPOParams(CriticParams, ClipParams):
+    """PPO against the reward model (InstructGPT section 3.5): the KL penalty in every token's
+    reward, per-token GAE advantages, the clipped surrogate."""
+
+    gamma: float = spec(1.0, "Discount.", ge=0.0, le=1.0)
+    lam: float = spec(0.95, "GAE lambda.", ge=0.0, le=1.0)
+
+
+@dataclass(frozen=True)
+class ReinforceParams(CriticParams):
+    """REINFORCE with the critic as baseline: one advantage per answer (its whole return minus
+    the value before its first token), one pass, no ratio and no clipping."""
+
+
+@dataclass(frozen=True)
+class RLOOParams(PolicyOptimParams):
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): `group_size` answers per prompt, each
+    answer's baseline the mean return of the others; no critic, one pass, no clipping."""
+
+    batch_size: int = spec(16, "Prompts per rollout.", ge=1)
+    group_size: int = spec(4, "Answers sampled per prompt; the baseline needs two.", ge=2)
+
+
+@dataclass(frozen=True)
+class GRPOParams(ClipParams):
+    """GRPO (Shao et al. 2024): `group_size` answers per prompt, advantages normalized within
+    the group, the clipped surrogate, and the KL to the SFT policy as a loss term (k3 estimator,
+    weight `kl_coef`) instead of a penalty in the reward; no critic."""
+
+    batch_size: int = spec(16, "Prompts per rollout.", ge=1)
+    group_size: int = spec(4, "Answers sampled per prompt; normalizing needs two.", ge=2)
+    update_epochs: int = spec(2, "Passes over each rollout batch.", ge=1)
+    kl_coef: float = spec(0.05, "Weight beta of the KL loss term.", ge=0.0)
 
 
 @dataclass(frozen=True)
@@ -351,25 +405,45 @@ class Params:
         default_factory=CollectParams, metadata={"doc": "Comparison collection stage."}
     )
     rm: RMParams = field(default_factory=RMParams, metadata={"doc": "Reward model stage."})
-    ppo: PPOParams = field(default_factory=PPOParams, metadata={"doc": "PPO stage."})
+    rl_algorithms: tuple[str, ...] = spec(
+        ("ppo", "grpo"),
+        "RL algorithms the pipeline trains, each as its own stage (`rl@NAME` in dvc.yaml) with "
+        "its own outputs; the evaluation compares every one. Choices: " + ", ".join(RL_ALGORITHMS),
+    )
+    rl: RLParams = field(default_factory=RLParams, metadata={"doc": "What every RL stage shares."})
+    ppo: PPOParams = field(default_factory=PPOParams, metadata={"doc": "RL stage `rl@ppo`."})
+    reinforce: ReinforceParams = field(
+        default_factory=ReinforceParams, metadata={"doc": "RL stage `rl@reinforce`."}
+    )
+    rloo: RLOOParams = field(default_factory=RLOOParams, metadata={"doc": "RL stage `rl@rloo`."})
+    grpo: GRPOParams = field(default_factory=GRPOParams, metadata={"doc": "RL stage `rl@grpo`."})
     dpo: DPOParams = field(default_factory=DPOParams, metadata={"doc": "DPO stage."})
     evaluate: EvaluateParams = field(
         default_factory=EvaluateParams, metadata={"doc": "Evaluate stage."}
     )
+
+    def algorithm(self, name: str) -> PolicyOptimParams:
+        """The params group of RL algorithm `name`."""
+        return getattr(self, name)
 
     def __post_init__(self) -> None:
         if self.model.n_embd % self.model.n_head:
             raise ParamsError(
                 f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"
             )
-        reward = self.ppo.reward
-        if reward not in ("rm", "ensemble") and reward.removeprefix("rule:") not in RULES:
+        reward = self.rl.reward
+        is_rule = reward.startswith("rule:") and reward.removeprefix("rule:").strip()
+        if reward not in ("rm", "ensemble") and not is_rule:
+            # the rule's name is checked against the registry when an RL stage builds it
+            raise ParamsError(f"rl.reward = {reward!r} is not 'rm', 'ensemble' or 'rule:NAME'")
+        if reward == "ensemble" and not self.rl.ensemble:
+            raise ParamsError("rl.reward = 'ensemble' needs checkpoints in rl.ensemble")
+        unknown_rl = sorted(set(self.rl_algorithms) - set(RL_ALGORITHMS))
+        if unknown_rl or len(set(self.rl_algorithms)) != len(self.rl_algorithms):
             raise ParamsError(
-                f"ppo.reward = {reward!r} is not 'rm', 'ensemble' or one of "
-                + ", ".join(f"'rule:{name}'" for name in RULES)
+                f"rl_algorithms = {list(self.rl_algorithms)!r} must list distinct names of "
+                f"{', '.join(RL_ALGORITHMS)}"
             )
-        if reward == "ensemble" and not self.ppo.ensemble:
-            raise ParamsError("ppo.reward = 'ensemble' needs checkpoints in ppo.ensemble")
         unknown = sorted(set(self.data.tasks) - set(TASK_FAMILIES))
         if unknown or not self.data.tasks:
             raise ParamsError(
@@ -469,10 +543,6 @@ def _to_plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     return value
-
-
-def to_dict(params: Params) -> dict[str, Any]:
-    return _to_plain(params)
 
 
 def describe(cls: type = Params, prefix: str = "") -> list[tuple[str, str, Any]]:

@@ -14,13 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf import checkpoint
+from rlhf.models import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
 TINY_PARAMS = {
     "seed": 7,
-    "device": "cpu",
+    # RLHF_TEST_DEVICE=cuda runs the tiny pipeline on a GPU host
+    "device": os.environ.get("RLHF_TEST_DEVICE", "cpu"),
+    "rl_algorithms": ["ppo", "grpo"],
     "tokenizer": {"kind": "bpe", "vocab_size": 400},
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 48, "block_size": 64},
     "data": {"n_train": 400, "n_val": 48, "n_heldout": 36, "n_prompts": 60},
@@ -34,20 +36,23 @@ TINY_PARAMS = {
     },
     "collect": {"k": 3, "mismatched": 1, "explore": 1, "max_new_tokens": 12, "val_fraction": 0.2},
     "rm": {"epochs": 1, "batch_size": 8, "lr": 0.002, "warmup_steps": 2, "norm_samples": 64},
-    "ppo": {
-        "steps": 4,
-        "batch_size": 8,
-        "minibatch_size": 4,
-        "ppo_epochs": 2,
-        "kl_coef": 0.2,  # in the file so that `dvc exp run -S ppo.kl_coef=...` can override it
+    "rl": {
         "max_new_tokens": 12,
         "save_every": 2,
         "snapshot_every": 2,
         "log_samples_every": 2,
         "eval_samples": 1,
+    },
+    "ppo": {
+        "steps": 4,
+        "batch_size": 8,
+        "minibatch_size": 4,
+        "update_epochs": 2,
+        "kl_coef": 0.2,  # in the file so that `dvc exp run -S ppo.kl_coef=...` can override it
         "ptx_coef": 0.5,
         "ptx_batch_size": 4,
     },
+    "grpo": {"steps": 4, "batch_size": 4, "group_size": 2, "minibatch_size": 4},
     "dpo": {"epochs": 2, "batch_size": 8, "lr": 0.001, "warmup_steps": 2, "save_every": 2},
     # one sample per prompt, as ppo.eval_samples: the two evaluations must then agree exactly
     "evaluate": {
@@ -75,8 +80,7 @@ def write_params(directory: Path, overrides: dict | None = None) -> Path:
 def make_project(directory: Path, overrides: dict | None = None) -> Path:
     """A DVC project with this repo's pipeline, code and a tiny params.yaml."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("rlhf", "stages", "flows"):
-        shutil.copytree(REPO / name, directory / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "rlhf", directory / "rlhf", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", "prefect.yaml"):
         shutil.copy(REPO / name, directory / name)
     shutil.copytree(REPO / "data" / "raw", directory / "data" / "raw")
@@ -95,9 +99,9 @@ def init_dvc_repo(project: Path) -> Path:
     return project
 
 
-def run_module(module: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+def run_module(module: str, cwd: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", module],
+        [sys.executable, "-m", module, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -107,10 +111,10 @@ def run_module(module: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     )
 
 
-def kill_at_first_save(project: Path, module: str, resume: Path) -> Path:
+def kill_at_first_save(project: Path, module: str, resume: Path, *args: str) -> Path:
     """Run a stage and SIGKILL it as soon as it has written its resume state."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", module], cwd=project, env=clean_env(),
+        [sys.executable, "-m", module, *args], cwd=project, env=clean_env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -127,7 +131,7 @@ def assert_resume_matches(project: Path, trained: Path, stage: str, resume: Path
     metrics of the uninterrupted run in `trained` (timing aside) and delete its resume state."""
     killed_at = checkpoint.load(resume)["step"]
     assert killed_at > 0
-    rerun = run_module(f"stages.{stage}", project)
+    rerun = run_module(f"rlhf.stages.{stage}", project)
     assert f"resuming from step {killed_at}" in rerun.stderr
     resumed, uninterrupted = (
         json.loads((p / "metrics" / f"{stage}.json").read_text()) for p in (project, trained)
@@ -149,15 +153,10 @@ def clean_env() -> dict[str, str]:
 def trained_project(tmp_path_factory) -> Path:
     """Every stage so far on the tiny config, run once for the whole session."""
     project = make_project(tmp_path_factory.mktemp("trained"))
-    for module in (
-        "stages.prepare",
-        "stages.tokenizer",
-        "stages.sft",
-        "stages.collect",
-        "stages.rm",
-        "stages.ppo",
-        "stages.dpo",
-        "stages.evaluate",
-    ):
-        run_module(module, project)
+    for stage in ("prepare", "tokenizer", "sft", "collect", "rm"):
+        run_module(f"rlhf.stages.{stage}", project)
+    for algorithm in TINY_PARAMS["rl_algorithms"]:
+        run_module("rlhf.stages.rl", project, algorithm)
+    for stage in ("dpo", "evaluate"):
+        run_module(f"rlhf.stages.{stage}", project)
     return project

@@ -2,20 +2,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlhf.data import (
+from rlhf.data.batching import IGNORE_INDEX, collate
+from rlhf.data.chat import decode_response, encode_example, prompt_ids
+from rlhf.data.schemas import (
     COMPARISON_SCHEMA,
-    IGNORE_INDEX,
     PREFERENCE_SCHEMA,
     PROMPT_SCHEMA,
     RANKED_SCHEMA,
     SFT_SCHEMA,
     DataError,
-    collate,
-    encode_example,
     read_rows,
     write_rows,
 )
-from rlhf.tokenizer import save_tokenizer
+from rlhf.data.tokenizer import save_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +140,12 @@ def test_truncation_keeps_end_token_and_response(tok, prompt_len, response_len):
     assert example.ids[example.response_start - 1] == tok.response_id
     if prompt_len > block:  # the prompt keeps its end, where the question is
         assert example.ids[example.response_start - 2] == ord("?")
+
+
+def test_the_chat_template_frames_training_and_generation_alike(tok):
+    """A sequence trained on starts with exactly the context a policy later answers from."""
+    example = encode_example(tok, "What is 2 plus 3?", "5.", 64)
+    context = prompt_ids(tok, "What is 2 plus 3?")
+    assert example.ids[: example.response_start] == context
+    assert decode_response(tok, example.ids[example.response_start :]) == "5."
+    assert decode_response(tok, [*b"ok", tok.pad_id, *b"junk"]) == "ok"

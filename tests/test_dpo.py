@@ -6,14 +6,23 @@ import shutil
 import pytest
 import torch
 
-from rlhf import checkpoint
-from rlhf.comparisons import EncodedGroup
-from rlhf.data import Example
-from rlhf.dpo import dpo_loss, sequence_logprobs
-from rlhf.model import GPT, GPTConfig
-from rlhf.reward import pad_examples
-from rlhf.training import autocast
-from stages.dpo import all_logprobs, group_logprobs
+from rlhf.algorithms.dpo import (
+    all_logprobs,
+    dpo_loss,
+    group_logprobs,
+    pair_loss,
+    sequence_logprobs,
+)
+from rlhf.data.batching import sequence_batch
+from rlhf.data.chat import Example
+from rlhf.data.comparisons import EncodedGroup, encode_groups
+from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
+from rlhf.data.tokenizer import load_tokenizer
+from rlhf.models import checkpoint
+from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.params import DPOParams
+from rlhf.train.device import autocast
+from rlhf.train.loop import fit
 
 from conftest import assert_resume_matches, kill_at_first_save, make_project
 
@@ -50,7 +59,7 @@ def test_sequence_logprobs_sum_the_response_tokens_only():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
     ids_a, ids_b = [1, 5, 6, 2, 7, 8, 3], [1, 9, 2, 4, 3]  # response starts at index 4 / 3
-    batch = pad_examples([Example(ids_a, 4), Example(ids_b, 3)], pad_id=0)
+    batch = sequence_batch([Example(ids_a, 4), Example(ids_b, 3)], pad_id=0)
     with torch.no_grad():
         got = sequence_logprobs(model, batch)
     for row, (ids, start) in enumerate(((ids_a, 4), (ids_b, 3))):
@@ -79,6 +88,36 @@ def test_reference_logprobs_share_the_training_precision():
     assert not torch.allclose(policy, full_precision, atol=1e-6)
 
 
+@pytest.mark.parametrize("dropout", [False, True])
+def test_dpo_trains_without_dropout_so_log_ratios_start_at_zero(trained_project, tmp_path, dropout):
+    """With dropout 0.1 in the model, DPO's first step sees the reference itself: every
+    log-ratio is 0 (to float rounding), the loss log 2 and the implicit-reward margin 0. In
+    train mode, dropout alone would move them."""
+    tokenizer = load_tokenizer(trained_project / "artifacts" / "tokenizer")
+    payload = checkpoint.load(trained_project / "artifacts" / "sft" / "model.pt")
+    policy = GPT(GPTConfig(**{**payload["model_config"], "dropout": 0.1}))
+    policy.load_state_dict(payload["model"])
+    rows = read_rows(
+        trained_project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
+    )
+    groups = encode_groups(tokenizer, rows, policy.max_seq_len)
+    reference = all_logprobs(policy.eval(), groups, tokenizer.pad_id, chunk=64)
+    cfg = DPOParams(epochs=1, batch_size=8)
+    first: dict[str, float] = {}
+
+    def batch_loss(rows: list[int]) -> tuple[torch.Tensor, int]:
+        chosen = [groups[i] for i in rows], [reference[i] for i in rows]
+        loss, stats, tokens = pair_loss(policy, *chosen, tokenizer.pad_id, cfg)
+        first.update(loss=loss.item(), margin=stats["reward_margin"])
+        return loss, tokens
+
+    fit(policy, cfg, seed=0, n_examples=cfg.batch_size, batch_loss=batch_loss, evaluate=dict,
+        device=torch.device("cpu"), resume_file=tmp_path / "resume.pt", fingerprint="x",
+        log=lambda line: None, dropout=dropout)  # fmt: skip
+    off = abs(first["margin"]) < 1e-5 and first["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert off != dropout, first
+
+
 def dpo_metrics(project):
     return json.loads((project / "metrics" / "dpo.json").read_text())
 
@@ -101,6 +140,6 @@ def test_killed_dpo_resumes_and_matches(trained_project, tmp_path):
     shutil.copytree(trained_project / "data", project / "data", dirs_exist_ok=True)
     for name in ("tokenizer", "sft"):
         shutil.copytree(trained_project / "artifacts" / name, project / "artifacts" / name)
-    resume = kill_at_first_save(project, "stages.dpo", project / ".rlhf" / "resume" / "dpo.pt")
+    resume = kill_at_first_save(project, "rlhf.stages.dpo", project / ".rlhf" / "resume" / "dpo.pt")
     assert not (project / "artifacts" / "dpo" / "model.pt").exists()  # no half output
     assert_resume_matches(project, trained_project, "dpo", resume)

@@ -1,3 +1,6 @@
+"""The DVC pipeline: generated from the stage declarations, exact code deps, and real `dvc repro`
+runs on the tiny config that rerun exactly the stages whose params, data or code changed."""
+
 import json
 import re
 import subprocess
@@ -5,7 +8,10 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import clean_env, init_dvc_repo, make_project, write_params
+from rlhf.stages import dvcfile
+from rlhf.stages.imports import code_closure
+
+from conftest import REPO, clean_env, init_dvc_repo, make_project, write_params
 
 
 def sh(args, cwd):
@@ -17,7 +23,58 @@ def sh(args, cwd):
 def repro(project) -> set[str]:
     """Stages that actually ran, from DVC's own log."""
     out = sh(["dvc", "repro"], project).stdout
-    return set(re.findall(r"Running stage '([\w-]+)'", out))
+    return set(re.findall(r"Running stage '([\w@-]+)'", out))
+
+
+def stage_definitions(dvc_yaml: dict) -> dict[str, dict]:
+    """Each stage's definition; a foreach stage's `do` template stands for all its elements."""
+    return {name: s.get("do", s) for name, s in dvc_yaml["stages"].items()}
+
+
+def missing_code_deps(dvc_yaml: dict) -> dict[str, list[str]]:
+    """Per stage, the project modules its command imports (transitively) that its deps omit."""
+    missing = {}
+    for name, stage in stage_definitions(dvc_yaml).items():
+        module = re.match(r"python -m ([\w.]+)", stage["cmd"]).group(1)
+        deps = set(stage["deps"])
+        absent = [str(p) for p in code_closure(module, REPO) if str(p) not in deps]
+        if absent:
+            missing[name] = absent
+    return missing
+
+
+def shipped_dvc_yaml() -> dict:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text())
+
+
+def test_dvc_yaml_is_what_the_stage_declarations_generate():
+    assert (REPO / "dvc.yaml").read_text() == dvcfile.render(REPO), "run `rlhf dvc-yaml`"
+
+
+def test_every_stage_lists_every_project_module_it_imports():
+    assert missing_code_deps(shipped_dvc_yaml()) == {}
+
+
+def test_dropping_any_one_module_from_a_stages_deps_is_caught():
+    """The check above is not vacuous: each code dep of each stage, left out alone, fails it."""
+    shipped = shipped_dvc_yaml()
+    for name, stage in stage_definitions(shipped).items():
+        for dep in [d for d in stage["deps"] if d.startswith("rlhf/")]:
+            trimmed = yaml.safe_load(yaml.safe_dump(shipped))
+            definition = stage_definitions(trimmed)[name]
+            definition["deps"].remove(dep)
+            assert missing_code_deps(trimmed) == {name: [dep]}, (name, dep)
+
+
+def test_the_chat_template_reaches_every_stage_that_encodes_or_samples():
+    """What the review found stale: the chat template is imported indirectly by sft, collect,
+    rm, rl, dpo and evaluate, and directly by none of them."""
+    users = {
+        name
+        for name, stage in stage_definitions(shipped_dvc_yaml()).items()
+        if "rlhf/data/chat.py" in stage["deps"]
+    }
+    assert users == {"sft", "collect", "rm", "rl", "dpo", "evaluate"}
 
 
 @pytest.fixture(scope="module")
@@ -25,81 +82,108 @@ def dvc_project(tmp_path_factory):
     return init_dvc_repo(make_project(tmp_path_factory.mktemp("dvc")))
 
 
+ALL_STAGES = {
+    "prepare", "tokenizer", "sft", "collect", "rm", "rl@ppo", "rl@grpo", "dpo", "evaluate",
+}  # fmt: skip
+
+
 def test_first_repro_runs_every_stage(dvc_project):
-    assert repro(dvc_project) == {
-        "prepare", "tokenizer", "sft", "collect", "rm", "ppo", "dpo", "evaluate",
-    }  # fmt: skip
+    assert repro(dvc_project) == ALL_STAGES
     assert (dvc_project / "artifacts" / "sft" / "model.pt").exists()
+    assert (dvc_project / "artifacts" / "grpo" / "model.pt").exists()
     assert (dvc_project / "reports" / "eval.md").exists()
     shown = sh(["dvc", "metrics", "show", "--json"], dvc_project).stdout
-    assert "gold_greedy" in shown and "win_rate" in shown
+    assert "gold_greedy" in shown and "win_rate" in shown and "grpo_vs_sft" in shown
 
 
 def test_second_repro_does_no_work(dvc_project):
     assert repro(dvc_project) == set()
 
 
+def stale_stages(project) -> set[str]:
+    return set(json.loads(sh(["dvc", "status", "--json"], project).stdout))
+
+
+def test_changing_an_indirectly_imported_module_makes_every_stage_that_runs_it_stale(
+    dvc_project,
+):
+    template = dvc_project / "rlhf" / "data" / "chat.py"
+    original = template.read_text()
+    template.write_text(original + "\n# the template changed\n")
+    try:
+        stale = stale_stages(dvc_project)
+    finally:
+        template.write_text(original)
+    assert stale == {"sft", "collect", "rm", "rl@ppo", "rl@grpo", "dpo", "evaluate"}
+    assert stale_stages(dvc_project) == set()
+
+
 def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project):
     sh(["git", "add", "-A"], dvc_project)
     sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"], dvc_project)
     out = sh(["dvc", "exp", "run", "-S", "ppo.kl_coef=0.0"], dvc_project).stdout
-    assert set(re.findall(r"Running stage '([\w-]+)'", out)) == {"ppo", "evaluate"}
+    assert set(re.findall(r"Running stage '([\w@-]+)'", out)) == {"rl@ppo", "evaluate"}
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], dvc_project).stdout)
     changed = diff["metrics/eval.json"]
     assert "win_rate.ppo_vs_sft" in changed and "kl_to_sft.ppo" in changed
     rate = changed["win_rate.ppo_vs_sft"]
     assert rate["old"] != rate["new"]
     assert "gold_sampled.sft" not in changed  # SFT was not retrained: its numbers stand
+    assert "gold_sampled.grpo" not in changed  # nor was GRPO
 
 
-def test_changing_rm_lr_reruns_rm_but_not_sft_or_collect(dvc_project):
+def test_changing_rm_lr_reruns_rm_and_every_rl_stage_but_not_sft_or_collect(dvc_project):
     write_params(dvc_project, {"rm.lr": 0.003})
-    assert repro(dvc_project) == {"rm", "ppo", "evaluate"}
+    assert repro(dvc_project) == {"rm", "rl@ppo", "rl@grpo", "evaluate"}
 
 
-def test_changing_kl_coef_reruns_ppo_only(dvc_project):
+def test_changing_kl_coef_reruns_that_algorithm_only(dvc_project):
     write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3})
-    assert repro(dvc_project) == {"ppo", "evaluate"}
+    assert repro(dvc_project) == {"rl@ppo", "evaluate"}
+
+
+def test_changing_what_rl_algorithms_share_reruns_them_all(dvc_project):
+    write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "rl.length_penalty": 0.01})
+    assert repro(dvc_project) == {"rl@ppo", "rl@grpo", "evaluate"}
+
+
+ADDED_RLOO = {"rl_algorithms": ["ppo", "grpo", "rloo"], "rloo": {"steps": 4, "group_size": 2}}
+
+
+def test_adding_an_algorithm_runs_its_stage_and_the_evaluation_only(dvc_project):
+    write_params(
+        dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "rl.length_penalty": 0.01, **ADDED_RLOO}
+    )
+    assert repro(dvc_project) == {"rl@rloo", "evaluate"}
+    metrics = json.loads((dvc_project / "metrics" / "eval.json").read_text())
+    assert {"rloo_vs_sft", "dpo_vs_rloo"} <= set(metrics["win_rate"])
 
 
 def test_changing_evaluate_params_reruns_evaluate_only(dvc_project):
-    write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "evaluate.samples": 2})
+    write_params(
+        dvc_project,
+        {
+            "rm.lr": 0.003, "ppo.kl_coef": 0.3, "rl.length_penalty": 0.01, **ADDED_RLOO,
+            "evaluate.samples": 2,
+        },
+    )  # fmt: skip
     assert repro(dvc_project) == {"evaluate"}
 
 
 def test_changing_dpo_beta_reruns_dpo_and_evaluate_only(dvc_project):
-    write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "dpo.beta": 0.2})
+    write_params(
+        dvc_project,
+        {
+            "rm.lr": 0.003, "ppo.kl_coef": 0.3, "rl.length_penalty": 0.01, **ADDED_RLOO,
+            "dpo.beta": 0.2,
+        },
+    )  # fmt: skip
     assert repro(dvc_project) == {"dpo", "evaluate"}
 
 
 def test_changing_sft_lr_reruns_sft_and_downstream(dvc_project):
-    write_params(dvc_project, {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "sft.lr": 0.02})
-    assert repro(dvc_project) == {"sft", "collect", "rm", "ppo", "dpo", "evaluate"}
-
-
-def test_changing_tokenizer_reruns_it_and_downstream(dvc_project):
-    write_params(
-        dvc_project,
-        {"rm.lr": 0.003, "ppo.kl_coef": 0.3, "sft.lr": 0.02, "tokenizer.vocab_size": 350},
-    )
-    assert repro(dvc_project) == {"tokenizer", "sft", "collect", "rm", "ppo", "dpo", "evaluate"}
-
-
-def test_stages_declare_exactly_their_param_groups():
-    from conftest import REPO
-
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    assert stages["prepare"]["params"] == ["seed", "data"]
-    assert stages["tokenizer"]["params"] == ["tokenizer"]
-    assert stages["sft"]["params"] == ["seed", "device", "model", "sft"]
-    assert stages["collect"]["params"] == ["seed", "device", "collect"]
-    assert stages["rm"]["params"] == ["seed", "device", "rm"]
-    assert stages["ppo"]["params"] == ["seed", "device", "ppo"]
-    assert stages["dpo"]["params"] == ["seed", "device", "dpo"]
-    assert stages["evaluate"]["params"] == ["seed", "device", "evaluate"]
-    assert "artifacts/dpo/model.pt" in stages["evaluate"]["deps"]
-    assert {"artifacts/sft/model.pt", "artifacts/rm/model.pt"} <= set(stages["ppo"]["deps"])
-    assert not any(".rlhf" in str(out) for s in stages.values() for out in s.get("outs", []))
+    write_params(dvc_project, {"rm.lr": 0.003, "sft.lr": 0.02, **ADDED_RLOO})
+    assert repro(dvc_project) == ALL_STAGES - {"prepare", "tokenizer"} | {"rl@rloo"}
 
 
 def test_params_file_is_validated_before_any_work(tmp_path):

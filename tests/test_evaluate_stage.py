@@ -7,9 +7,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rlhf import plots
-from rlhf.data import PROMPT_SCHEMA, read_rows, write_rows
-from stages.cli import app
+from rlhf.cli import app
+from rlhf.data.schemas import PROMPT_SCHEMA, read_rows, write_rows
+from rlhf.eval import plots
 
 from conftest import make_project, run_module
 
@@ -20,11 +20,17 @@ def eval_metrics(project):
     return json.loads((project / "metrics" / "eval.json").read_text())
 
 
+POLICIES = {"sft", "ppo", "grpo", "dpo"}  # the tiny config's rl_algorithms: ppo, grpo
+PAIRS = {"ppo_vs_sft", "grpo_vs_sft", "grpo_vs_ppo", "dpo_vs_sft", "dpo_vs_ppo", "dpo_vs_grpo"}
+
+
 def test_metrics_have_the_stable_headline_keys(trained_project):
     metrics = eval_metrics(trained_project)
     for key in ("gold_sampled", "gold_greedy", "rm_sampled", "kl_to_sft", "response_length"):
-        assert set(metrics[key]) == {"sft", "ppo", "dpo"}, key
-    assert set(metrics["win_rate"]) == {"ppo_vs_sft", "dpo_vs_sft", "dpo_vs_ppo"}
+        assert set(metrics[key]) == POLICIES, key
+    for key in ("win_rate", "win_rate_ci95", "win_rate_decisive", "win_rate_decisive_ci95"):
+        assert set(metrics[key]) == PAIRS, key
+    assert set(metrics["tie_rate"]) == set(metrics["win_rate_greedy"]) == PAIRS
     ci = metrics["win_rate_ci95"]["ppo_vs_sft"]
     assert ci["low"] <= metrics["win_rate"]["ppo_vs_sft"] <= ci["high"]
     assert 0.0 <= metrics["win_rate_greedy"]["ppo_vs_sft"] <= 1.0
@@ -45,14 +51,28 @@ def test_evaluation_agrees_with_the_ppo_stage_on_the_same_samples(trained_projec
     assert metrics["kl_to_sft"]["ppo"] == pytest.approx(ppo["kl_to_sft"], abs=1e-3)
 
 
-def test_overoptimization_curve_runs_from_sft_through_snapshots_to_ppo(trained_project):
+def test_ties_and_decisive_win_rates_add_up(trained_project):
+    """win rate (ties half) = decisive rate * (1 - tie rate) + tie rate / 2, pair by pair."""
+    metrics = eval_metrics(trained_project)
+    for pair, rate in metrics["win_rate"].items():
+        ties, decisive = metrics["tie_rate"][pair], metrics["win_rate_decisive"][pair]
+        if decisive is None:
+            assert ties == 1.0 and rate == 0.5
+            continue
+        assert rate == pytest.approx(decisive * (1 - ties) + ties / 2, abs=2e-4)
+        ci = metrics["win_rate_decisive_ci95"][pair]
+        assert ci["low"] <= decisive <= ci["high"]
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_each_rl_policy_has_an_overoptimization_curve(trained_project, algorithm):
     with open(trained_project / "metrics" / "eval_overoptimization.csv") as handle:
-        rows = list(csv.DictReader(handle))
-    assert [int(r["step"]) for r in rows] == [0, 2, 4]  # ppo.snapshot_every 2, 4 steps
+        rows = [r for r in csv.DictReader(handle) if r["policy"] == algorithm]
+    assert [int(r["step"]) for r in rows] == [0, 2, 4]  # rl.snapshot_every 2, 4 steps
     assert float(rows[0]["kl_to_sft"]) == 0.0
     metrics = eval_metrics(trained_project)
-    assert float(rows[-1]["gold_score"]) == metrics["gold_sampled"]["ppo"]
-    assert float(rows[-1]["rm_score"]) == metrics["rm_sampled"]["ppo"]
+    assert float(rows[-1]["gold_score"]) == metrics["gold_sampled"][algorithm]
+    assert float(rows[-1]["rm_score"]) == metrics["rm_sampled"][algorithm]
     snapshot = torch.load(
         trained_project / "artifacts/ppo/snapshots/step_00002.pt", weights_only=True
     )
@@ -83,7 +103,7 @@ def test_run_returns_the_headline_numbers(trained_project, tmp_path, monkeypatch
     for part in ("data", "artifacts", "metrics"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     monkeypatch.chdir(project)
-    from stages import evaluate
+    from rlhf.stages import evaluate
 
     numbers = evaluate.run()
     metrics = eval_metrics(project)
@@ -108,7 +128,7 @@ def test_a_failed_report_leaves_the_previous_outputs(trained_project, tmp_path, 
 
     monkeypatch.setattr(plots, "training_curves", broken)
     monkeypatch.chdir(project)
-    from stages import evaluate
+    from rlhf.stages import evaluate
 
     with pytest.raises(RuntimeError, match="disk full"):
         evaluate.run()
@@ -124,10 +144,10 @@ def test_prompts_without_a_gold_judge_get_reward_model_scores_only(trained_proje
     heldout = project / "data/prepared/prompts_heldout.parquet"
     rows = [{**r, "source": "files"} for r in read_rows(heldout, PROMPT_SCHEMA)]
     write_rows(heldout, rows, PROMPT_SCHEMA)
-    run_module("stages.evaluate", project)
+    run_module("rlhf.stages.evaluate", project)
     metrics = eval_metrics(project)
     assert "gold_sampled" not in metrics and "win_rate" not in metrics
-    assert set(metrics["rm_sampled"]) == {"sft", "ppo", "dpo"}
+    assert set(metrics["rm_sampled"]) == POLICIES
     text = (project / "reports" / "eval.md").read_text()
     assert "no gold judge" in text
 
@@ -152,17 +172,17 @@ def test_cli_report_before_evaluate_says_what_to_run(tmp_path, monkeypatch):
     assert "dvc repro evaluate" in result.output
 
 
-def test_reinforce_variant_is_evaluated_under_its_own_name(trained_project, tmp_path):
-    project = make_project(tmp_path / "p", {"ppo.algo": "reinforce"})
-    for part in ("data", "metrics"):
+def test_the_evaluation_follows_rl_algorithms(trained_project, tmp_path):
+    """Each RL algorithm named in rl_algorithms is evaluated under its name, beside SFT and
+    DPO; others are not, even when an old folder of theirs lies in artifacts/."""
+    project = make_project(tmp_path / "p", {"rl_algorithms": ["reinforce"]})
+    for part in ("data", "metrics", "artifacts"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
-    for name in ("tokenizer", "sft", "rm", "dpo"):
-        shutil.copytree(trained_project / "artifacts" / name, project / "artifacts" / name)
-    run_module("stages.ppo", project)
-    run_module("stages.evaluate", project)
+    run_module("rlhf.stages.rl", project, "reinforce")
+    run_module("rlhf.stages.evaluate", project)
     metrics = eval_metrics(project)
     assert set(metrics["gold_sampled"]) == {"sft", "reinforce", "dpo"}
     assert set(metrics["win_rate"]) == {"reinforce_vs_sft", "dpo_vs_sft", "dpo_vs_reinforce"}
     assert metrics["kl_to_sft"]["reinforce"] > 0
-    with open(project / "metrics" / "ppo_steps.csv") as handle:
-        assert {row["ppo_epochs_run"] for row in csv.DictReader(handle)} == {"1"}  # one pass
+    with open(project / "metrics" / "reinforce_steps.csv") as handle:
+        assert {row["update_epochs_run"] for row in csv.DictReader(handle)} == {"1"}  # one pass

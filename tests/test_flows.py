@@ -24,12 +24,14 @@ from prefect.testing.utilities import prefect_test_harness
 from prefect.workers.process import ProcessWorker
 from typer.testing import CliRunner
 
-from flows.pipeline import SKIPPED, pipeline
-from stages.cli import app
+from rlhf.cli import app
+from rlhf.flows.pipeline import SKIPPED, pipeline
 
 from conftest import REPO, clean_env, init_dvc_repo, make_project
 
-ALL_STAGES = {"prepare", "tokenizer", "sft", "collect", "rm", "ppo", "dpo", "evaluate"}
+ALL_STAGES = {
+    "prepare", "tokenizer", "sft", "collect", "rm", "rl@ppo", "rl@grpo", "dpo", "evaluate",
+}  # fmt: skip
 TEST_POOL = "rlhf-test-process"
 
 
@@ -73,9 +75,8 @@ def test_flow_runs_every_stage_then_skips_them(in_project):
     assert first.is_completed(), first.message
     assert stage_states(first) == dict.fromkeys(ALL_STAGES, "Completed")
     assert (in_project / "reports" / "eval.md").exists()
-    assert {"sft-metrics", "ppo-metrics", "evaluate-metrics", "rlhf-evaluation"} <= artifact_keys(
-        first
-    )
+    published = {"sft-metrics", "rl-ppo-metrics", "evaluate-metrics", "rlhf-evaluation"}
+    assert published <= artifact_keys(first)
 
     second = pipeline(return_state=True)
     assert second.is_completed()
@@ -86,15 +87,15 @@ def test_a_ppo_override_reruns_ppo_and_what_follows(in_project):
     state = pipeline(overrides=["ppo.kl_coef=0.3"], return_state=True)
     assert state.is_completed(), state.message
     ran = {stage for stage, name in stage_states(state).items() if name == "Completed"}
-    assert ran == {"ppo", "evaluate"}
+    assert ran == {"rl@ppo", "evaluate"}
     assert yaml.safe_load((in_project / "params.yaml").read_text())["ppo"]["kl_coef"] == 0.3
     APILogHandler().flush()  # logs reach the API in batches
     run = LogFilterFlowRunId(any_=[state.state_details.flow_run_id])
     with get_client(sync_client=True) as client:
         logs = client.read_logs(LogFilter(flow_run_id=run), limit=200)  # the earliest
     messages = "\n".join(log.message for log in logs)
-    assert "Running stage 'ppo'" in messages  # DVC's output
-    assert "ppo: [" in messages  # the stage's own sample answers
+    assert "Running stage 'rl@ppo'" in messages  # DVC's output
+    assert "rl@ppo: [" in messages  # the stage's own sample answers
 
 
 def test_a_target_stops_the_pipeline_there(in_project):
@@ -170,7 +171,7 @@ def test_pipeline_deployment_schedule_and_parameters_come_from_prefect_yaml(work
     assert deployment.parameters == {
         "target": "evaluate", "overrides": [], "containerized": True, "retries": 1,
     }  # fmt: skip
-    assert deployment.entrypoint == "flows/pipeline.py:pipeline"
+    assert deployment.entrypoint == "rlhf/flows/pipeline.py:pipeline"
 
 
 def test_shipped_stage_deployment_requests_gpus_in_the_project_image():

@@ -1,18 +1,18 @@
 import pytest
 import torch
 
-from rlhf import generation
-from rlhf.generation import (
+from rlhf.data.batching import left_pad
+from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.sampling import sampler
+from rlhf.sampling.forward import response_forward
+from rlhf.sampling.generate import generate
+from rlhf.sampling.sampler import (
     SamplingConfig,
     choose_from_probs,
-    generate,
     in_nucleus,
-    left_pad,
     nucleus,
     sample_from,
 )
-from rlhf.model import GPT, GPTConfig
-from rlhf.rollout import response_forward
 
 EOS, PAD = 1, 2
 
@@ -55,14 +55,14 @@ def test_rows_stop_at_the_end_token_and_pad_after(model):
         model.ln_f.bias[0] = 1.0
         model.lm_head.weight[EOS, 0] = 3.0
     out = run(model, SamplingConfig(max_new_tokens=30))
-    for row, length in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True):
+    lengths = out.mask.sum(-1)
+    for row, length in zip(out.tokens.tolist(), lengths.tolist(), strict=True):
         if EOS in row:
             end = row.index(EOS)
             assert length == end + 1
             assert all(t == PAD for t in row[end + 1 :])
         assert PAD not in row[:length]
-    assert out.ended.all() and len(set(out.lengths.tolist())) > 1
-    assert (out.mask.sum(-1) == out.lengths).all()
+    assert out.ended.all() and len(set(lengths.tolist())) > 1
 
 
 def test_pad_is_never_sampled_even_when_likely(model):
@@ -129,10 +129,23 @@ def test_nucleus_without_sorting_matches_a_full_sort_on_flat_and_peaked_distribu
 
 @pytest.mark.parametrize("max_draws", [16, 0])  # 0: every row takes the full-sort fallback
 def test_nucleus_draws_follow_the_renormalized_nucleus(monkeypatch, max_draws):
-    monkeypatch.setattr(generation, "MAX_NUCLEUS_DRAWS", max_draws)
+    monkeypatch.setattr(sampler, "MAX_NUCLEUS_DRAWS", max_draws)
     probs = torch.tensor([[0.1, 0.4, 0.05, 0.3, 0.15]])
     expected = torch.tensor([0.0, 0.4, 0.0, 0.3, 0.15]) / 0.85  # 0.4 + 0.3 < 0.8 <= 0.85
     torch.testing.assert_close(drawn(probs, SamplingConfig(top_p=0.8)), expected, atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("max_draws", [16, 0])  # 0: every row takes the full-sort fallback
+def test_tied_tokens_at_the_nucleus_edge_are_in_or_out_together(monkeypatch, max_draws):
+    """One rule on both paths: the tokens strictly more likely than a token hold less than
+    top_p, so two tokens tied at the edge both stay, whatever order a sort puts them in."""
+    monkeypatch.setattr(sampler, "MAX_NUCLEUS_DRAWS", max_draws)
+    probs = torch.tensor([[0.3, 0.4, 0.3]])
+    assert kept(probs, 0.5) == kept_by_sort(probs[0], 0.5) == [0, 1, 2]
+    assert kept(probs, 0.4) == kept_by_sort(probs[0], 0.4) == [1]
+    torch.testing.assert_close(drawn(probs, SamplingConfig(top_p=0.5)), probs[0], atol=0.01, rtol=0)
+    ties = torch.tensor([[0.25, 0.25, 0.25, 0.25]])
+    assert kept_by_sort(ties[0], 0.1) == kept(ties, 0.1) == [0, 1, 2, 3]
 
 
 def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_mass():

@@ -3,9 +3,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rlhf.data import PROMPT_SCHEMA, SFT_SCHEMA, DataError, read_rows
-from rlhf.importers import import_sft
-from stages.cli import app
+from rlhf.cli import app
+from rlhf.data.importers import import_sft
+from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, DataError, read_rows
 
 from conftest import make_project, run_module, write_params
 
@@ -47,7 +47,7 @@ def test_files_source_runs_prepare_on_imported_data(tmp_path):
     out = project / "data" / "raw" / "sft.parquet"
     result = CliRunner().invoke(app, ["import", str(source), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    run_module("stages.prepare", project)
+    run_module("rlhf.stages.prepare", project)
     prepared = project / "data" / "prepared"
     train = read_rows(prepared / "sft_train.parquet", SFT_SCHEMA)
     val = read_rows(prepared / "sft_val.parquet", SFT_SCHEMA)

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from rlhf.data import DataError
-from rlhf.importers import import_hh, import_pairwise, import_ranked, split_transcript
+from rlhf.data.importers import import_hh, import_pairwise, import_ranked, split_transcript
+from rlhf.data.schemas import DataError
 
 
 def jsonl(path, records):

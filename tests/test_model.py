@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rlhf.model import GPT, GPTConfig, KVCache
+from rlhf.models.gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=97, block_size=40, n_layer=2, n_head=4, n_embd=32)
 
@@ -15,7 +15,7 @@ def model():
 def test_kv_cache_decoding_matches_full_forward(model):
     ids = torch.randint(0, CONFIG.vocab_size, (3, 20))
     full = model(ids)
-    cache = KVCache(CONFIG, 3, 20, torch.device("cpu"))
+    cache = model.new_cache(3, 20, torch.device("cpu"))
     pieces = [model(ids[:, :7], cache=cache)]
     pieces += [model(ids[:, t : t + 1], cache=cache) for t in range(7, 20)]
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
@@ -44,7 +44,7 @@ def test_left_padded_incremental_decoding_matches_rows_alone(model):
     for i, row in enumerate(rows):
         ids[i, 10 - len(row) :] = row
         mask[i, 10 - len(row) :] = True
-    cache = KVCache(CONFIG, 2, 15, torch.device("cpu"))
+    cache = model.new_cache(2, 15, torch.device("cpu"))
     model(ids, mask, cache)
     steps = [
         model(extra[:, t : t + 1], torch.ones(2, 1, dtype=torch.bool), cache) for t in range(5)
@@ -57,7 +57,7 @@ def test_left_padded_incremental_decoding_matches_rows_alone(model):
 
 def test_heads_and_tied_embeddings(model):
     ids = torch.randint(0, CONFIG.vocab_size, (2, 6))
-    hidden = model.hidden(ids)
+    hidden = model.hidden_states(ids)
     assert hidden.shape == (2, 6, CONFIG.n_embd)
     assert model(ids).shape == (2, 6, CONFIG.vocab_size)
     assert model.values(hidden).shape == (2, 6)
@@ -76,4 +76,4 @@ def test_context_limits_are_enforced(model):
     with pytest.raises(ValueError, match="block_size"):
         model(torch.zeros(1, CONFIG.block_size + 1, dtype=torch.long))
     with pytest.raises(ValueError, match="block_size"):
-        KVCache(CONFIG, 1, CONFIG.block_size + 1, torch.device("cpu"))
+        model.new_cache(1, CONFIG.block_size + 1, torch.device("cpu"))

@@ -10,19 +10,20 @@ from rlhf.params import (
     group_hash,
     load_params,
     parse_params,
-    to_dict,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_params_file_is_valid_and_covers_every_field():
-    params = load_params(REPO / "params.yaml")
+    load_params(REPO / "params.yaml")
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    assert set(raw) == set(to_dict(params))
-    for group, values in raw.items():
-        if isinstance(values, dict):
-            assert set(values) == set(to_dict(params)[group]), group
+    shipped = {
+        f"{group}.{key}" if isinstance(values, dict) else group
+        for group, values in raw.items()
+        for key in (values if isinstance(values, dict) else [None])
+    }
+    assert shipped == {key for key, _, _ in describe()}
 
 
 def test_missing_keys_take_documented_defaults():
@@ -76,6 +77,26 @@ def test_cross_field_rules():
         parse_params({"model": {"n_head": 3, "n_embd": 128}})
     with pytest.raises(ParamsError, match=r"data\.tasks"):
         parse_params({"data": {"tasks": ["greet", "juggle"]}})
+    with pytest.raises(ParamsError, match=r"rl_algorithms = \['ppo', 'sac'\] must list"):
+        parse_params({"rl_algorithms": ["ppo", "sac"]})
+    with pytest.raises(ParamsError, match="distinct"):
+        parse_params({"rl_algorithms": ["ppo", "ppo"]})
+    with pytest.raises(ParamsError, match=r"rl.reward = 'gold' is not 'rm', 'ensemble' or"):
+        parse_params({"rl": {"reward": "gold"}})
+    with pytest.raises(ParamsError, match=r"needs checkpoints in rl\.ensemble"):
+        parse_params({"rl": {"reward": "ensemble"}})
+
+
+def test_each_rl_algorithm_has_its_own_group_with_only_the_settings_it_uses():
+    with pytest.raises(ParamsError, match=r"unknown key 'grpo.critic'"):
+        parse_params({"grpo": {"critic": "shared"}})
+    with pytest.raises(ParamsError, match=r"unknown key 'rloo.update_epochs'"):
+        parse_params({"rloo": {"update_epochs": 4}})
+    with pytest.raises(ParamsError, match=r"rloo.group_size = 1 is out of range: must be >= 2"):
+        parse_params({"rloo": {"group_size": 1}})
+    params = parse_params({"ppo": {"kl_coef": 0.05}})
+    assert params.algorithm("ppo").kl_coef == 0.05 and params.algorithm("grpo").kl_coef == 0.05
+    assert params.algorithm("reinforce").kl_coef == 0.2
 
 
 def test_group_must_be_a_mapping():

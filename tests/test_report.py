@@ -1,8 +1,8 @@
 import re
 
-from rlhf import plots
-from rlhf.report import render, warning_signs
-from rlhf.win_rates import WinRate
+from rlhf.eval import plots
+from rlhf.eval.report import render, warning_signs
+from rlhf.eval.win_rates import WinRate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -31,15 +31,20 @@ def metrics(ppo_length=8.0, ppo_ends=1.0, ppo_add=(0.5, 0.0)) -> dict:
         },
         "win_rate": {"ppo_vs_sft": 0.61},
         "win_rate_ci95": {"ppo_vs_sft": {"low": 0.55, "high": 0.66}},
+        "win_rate_decisive": {"ppo_vs_sft": 0.74},
+        "win_rate_decisive_ci95": {"ppo_vs_sft": {"low": 0.62, "high": 0.85}},
+        "tie_rate": {"ppo_vs_sft": 0.5},
         "win_rate_greedy": {"ppo_vs_sft": 0.5},
     }
 
 
-def curve(*gold_rm: tuple[float, float]) -> list[dict]:
-    return [
+def curve(*gold_rm: tuple[float, float]) -> dict[str, list[dict]]:
+    """PPO's over-optimization points, one per (gold, RM) score."""
+    points = [
         {"step": 10 * i, "kl_to_sft": 0.5 * i, "gold_score": g, "rm_score": r}
         for i, (g, r) in enumerate(gold_rm)
     ]
+    return {"ppo": points}
 
 
 def test_a_healthy_run_has_no_warning_signs():
@@ -47,17 +52,18 @@ def test_a_healthy_run_has_no_warning_signs():
 
 
 def test_length_drift_and_answers_that_stop_ending_are_flagged():
-    signs = warning_signs(metrics(ppo_length=12.0, ppo_ends=0.8), [], ["sft", "ppo"])
+    signs = warning_signs(metrics(ppo_length=12.0, ppo_ends=0.8), {}, ["sft", "ppo"])
     assert len(signs) == 2
     assert "length drift" in signs[0] and "50% longer" in signs[0]
     assert "80% emit the end token (SFT 100%)" in signs[1]
 
 
 def test_proxy_up_gold_down_is_flagged_per_task_and_along_training():
-    per_task = warning_signs(metrics(ppo_add=(0.3, 0.4)), [], ["sft", "ppo"])
+    per_task = warning_signs(metrics(ppo_add=(0.3, 0.4)), {}, ["sft", "ppo"])
     assert len(per_task) == 1 and "ppo, add: proxy up, gold down" in per_task[0]
     along = warning_signs(metrics(), curve((0.6, -0.2), (0.75, 0.2), (0.65, 0.6)), ["sft", "ppo"])
     assert len(along) == 1 and "peaked at iteration 10 (0.750" in along[0]
+    assert along[0].startswith("**ppo over-optimized the reward model.**")
     # gold falling while the proxy falls too is not over-optimization
     assert warning_signs(metrics(), curve((0.6, 0.5), (0.75, 0.6), (0.65, 0.2)), ["sft"]) == []
 
@@ -77,12 +83,13 @@ def test_report_tables_come_from_the_metrics(tmp_path):
     ]  # fmt: skip
     text = render(
         metrics(),
-        curve=curve((0.6, -0.2), (0.7, 0.3)),
+        curves=curve((0.6, -0.2), (0.7, 0.3)),
         examples=examples,
         figures={"Win rates": "figures/win_rates.png"},
     )
     assert "| gold score, sampled | 0.600 | 0.700 |" in text
-    assert "| ppo vs sft | 0.610 | 0.550 – 0.660 | 0.500 |" in text
+    assert "| ppo vs sft | 0.610 | 0.550 – 0.660 | 0.740 | 0.620 – 0.850 | 0.500 | 0.500 |" in text
+    assert "Over-optimization points of ppo" in text
     assert "| add | 0.500 | 0.500 |" in text  # gold by task
     assert "![Win rates](figures/win_rates.png)" in text
     assert "| sft | `1 + 2 = 3.` | 1.000 | `a \\| b` | 0.200 | -0.500 |" in text
@@ -96,18 +103,21 @@ def test_report_tables_come_from_the_metrics(tmp_path):
 
 
 def test_figures_are_written_as_png(tmp_path):
-    plots.win_rates(tmp_path / "w.png", {"ppo_vs_sft": WinRate(0.6, 0.55, 0.66)})
+    rate = WinRate(
+        0.6, 0.55, 0.66, tie_rate=0.2, decisive=0.62, decisive_low=0.5, decisive_high=0.7
+    )
+    plots.win_rates(tmp_path / "w.png", {"ppo_vs_sft": rate})
     plots.scores_by_task(
         tmp_path / "t.png", {"sft": {"all": 0.6, "add": 0.5}, "ppo": {"all": 0.7, "add": 0.4}},
         "Gold score by task", "gold score",
     )  # fmt: skip
-    plots.overoptimization_curve(tmp_path / "o.png", curve((0.6, -0.2), (0.7, 0.3), (0.6, 0.5)))
+    curves = curve((0.6, -0.2), (0.7, 0.3), (0.6, 0.5)) | {
+        "grpo": curve((0.6, -0.2), (0.65, 0.1))["ppo"]
+    }
+    plots.overoptimization_curve(tmp_path / "o.png", curves)
     steps = [{"step": s, "epoch": 1 + s // 5, "train_loss": 1 / s, "score": s, "kl": s} for s in
              range(1, 11)]  # fmt: skip
     epochs = [{"epoch": 1, "val_loss": 0.5}, {"epoch": 2, "val_loss": 0.4}]
-    plots.training_curves(
-        tmp_path / "c.png", sft_steps=steps, sft_epochs=epochs, rm_steps=steps, rm_epochs=epochs,
-        ppo_steps=steps,
-    )  # fmt: skip
+    plots.training_curves(tmp_path / "c.png", {"SFT": (steps, epochs), "DPO": (steps, epochs)})
     for name in ("w", "t", "o", "c"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG

@@ -3,30 +3,38 @@ import math
 import pytest
 import torch
 
-from rlhf.labeling import disagreement, noisy_rankings
-from rlhf.model import GPT, GPTConfig
-from rlhf.reward import (
-    normalize_head,
+from rlhf.algorithms.reward_model import (
+    group_loss,
+    mean_group_loss,
+    normalize,
     pooled_rewards,
     ranking_loss,
-    ranking_pairs,
-    reward_batch,
     score,
 )
-from rlhf.reward_metrics import comparison_metrics
-from rlhf.tokenizer import save_tokenizer
-from rlhf.trainer import batch_order
-from stages.rm import encode_groups, group_loss, mean_group_loss
+from rlhf.data.batching import sequence_batch
+from rlhf.data.chat import Example, encode_example
+from rlhf.data.comparisons import EncodedGroup, encode_groups, ranking_pairs
+from rlhf.data.tokenizer import save_tokenizer
+from rlhf.eval.rm_accuracy import comparison_metrics
+from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.synthetic.labelers import disagreement, noise_scale, rank_with_noise
+from rlhf.train.loop import batch_order
 
 
 def logsig(x: float) -> float:
     return -math.log1p(math.exp(-x))
 
 
+def group(ranks: list[int], rows: list[int] | None = None) -> EncodedGroup:
+    """A prompt's ranking over distinct answers `rows` (by default each answer its own)."""
+    rows = rows if rows is not None else list(range(len(ranks)))
+    return EncodedGroup([Example([0], 0)] * (max(rows) + 1), rows, ranks)
+
+
 def test_k_way_loss_is_the_mean_of_its_pairwise_terms_by_hand():
     # prompt A: K = 3, ranks say 1 > 2 > 0 (rank 0 best); prompt B: a plain pair, 1 preferred
     rewards = torch.tensor([0.3, 1.2, -0.5, 0.0, 0.7])
-    pairs = ranking_pairs([[2, 0, 1], [1, 0]])
+    pairs = ranking_pairs([group([2, 0, 1]), group([1, 0])])
     a = [(1.2, 0.3), (1.2, -0.5), (-0.5, 0.3)]  # (better, worse) rewards
     prompt_a = sum(-logsig(b - w) for b, w in a) / 3
     prompt_b = -logsig(0.7 - 0.0)
@@ -35,20 +43,22 @@ def test_k_way_loss_is_the_mean_of_its_pairwise_terms_by_hand():
 
 
 def test_equal_ranks_give_no_pair():
-    pairs = ranking_pairs([[0, 0, 1]])
+    pairs = ranking_pairs([group([0, 0, 1])])
     assert sorted(zip(pairs.better.tolist(), pairs.worse.tolist(), strict=True)) == [(0, 2), (1, 2)]
     assert pairs.weight.tolist() == pytest.approx([0.5, 0.5])
 
 
-def test_duplicate_responses_share_a_row_and_the_loss_is_unchanged():
-    # K = 4 where responses 0 and 2 are the same text: forwarded once, as row 0
-    rewards = torch.tensor([0.3, 1.2, 0.3, -0.5])
-    ranks = [[3, 0, 1, 2]]
-    deduped = ranking_pairs(ranks, [[0, 1, 0, 2]])
-    full = ranking_pairs(ranks)
-    loss = ranking_loss(rewards[[0, 1, 3]], deduped)
-    assert loss.item() == pytest.approx(ranking_loss(rewards, full).item(), rel=1e-6)
-    assert max(deduped.better.max(), deduped.worse.max()).item() == 2
+def test_copies_of_one_answer_give_no_pair_and_a_prompt_of_copies_drops_out():
+    # prompt A: x, y, x (x forwarded once, as row 0) ranked 0, 1, 2: x > y and y > x, but no
+    # pair between the two copies of x; prompt B: z twice, nothing to learn from
+    pairs = ranking_pairs([group([0, 1, 2], [0, 1, 0]), group([0, 1], [0, 0])])
+    assert list(zip(pairs.better.tolist(), pairs.worse.tolist(), strict=True)) == [(0, 1), (1, 0)]
+    assert pairs.weight.tolist() == pytest.approx([0.5, 0.5])  # A alone makes the average
+    rewards = torch.tensor([0.3, 1.2, 7.0])  # row 2 is B's z
+    expected = (-logsig(0.3 - 1.2) - logsig(1.2 - 0.3)) / 2
+    assert ranking_loss(rewards, pairs).item() == pytest.approx(expected, rel=1e-6)
+    # a batch of copies alone has no pair and no loss
+    assert ranking_loss(rewards[:1], ranking_pairs([group([0, 1], [0, 0])])).item() == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +74,13 @@ def model(tok):
 
 def test_each_response_is_forwarded_once(model, tok, monkeypatch):
     rows_seen = []
-    original = model.hidden
+    original = model.hidden_states
 
     def counting_hidden(idx, *args, **kwargs):
         rows_seen.append(idx.shape[0])
         return original(idx, *args, **kwargs)
 
-    monkeypatch.setattr(model, "hidden", counting_hidden)
+    monkeypatch.setattr(model, "hidden_states", counting_hidden)
     rows = [
         {"prompt": "p1", "responses": ["a", "b", "c", "d"], "ranks": [0, 1, 2, 3]},
         {"prompt": "p2", "responses": ["e", "f", "g"], "ranks": [2, 1, 0]},
@@ -87,10 +97,11 @@ def test_each_response_is_forwarded_once(model, tok, monkeypatch):
 
 
 def test_last_pooling_reads_the_end_token_and_mean_averages_the_response(model, tok):
-    batch = reward_batch(tok, ["ab", "abcdef"], ["xyz", "q"], 64)
+    examples = [encode_example(tok, p, r, 64) for p, r in (("ab", "xyz"), ("abcdef", "q"))]
+    batch = sequence_batch(examples, tok.pad_id)
     assert batch.ids[0, batch.lengths[0] - 1] == tok.eos_id
     assert batch.ids[1, batch.lengths[1] - 1] == tok.eos_id
-    per_token = model.rewards(model.hidden(batch.ids))
+    per_token = model.rewards(model.hidden_states(batch.ids))
     last = pooled_rewards(model, batch, "last")
     torch.testing.assert_close(last[0], per_token[0, batch.lengths[0] - 1])
     mean = pooled_rewards(model, batch, "mean")
@@ -102,7 +113,7 @@ def test_scoring_is_batch_independent_and_normalization_centres(model, tok):
     together = score(model, tok, prompts, responses, pooling="last", batch_size=8)
     one_by_one = score(model, tok, prompts, responses, pooling="last", batch_size=1)
     torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=0)
-    shift, std = normalize_head(model, together)
+    shift, std = normalize(model, together)
     after = score(model, tok, prompts, responses, pooling="last")
     assert after.mean().item() == pytest.approx(0.0, abs=1e-5)
     assert std == pytest.approx(together.std().item())
@@ -112,7 +123,7 @@ def test_scoring_is_batch_independent_and_normalization_centres(model, tok):
 def test_labeler_noise_hits_its_target_and_large_margins_flip_less():
     gen = torch.Generator().manual_seed(0)
     gold = (torch.rand(3000, 4, generator=gen) * 10).round() / 10
-    labels = noisy_rankings(gold.tolist(), 0.25, seed=1)
+    labels = rank_with_noise(gold.tolist(), noise_scale(gold.tolist(), 0.25, seed=1), seed=1)
     assert labels.flip_share == pytest.approx(0.25, abs=0.002)
     assert all(sorted(r) == [0, 1, 2, 3] for r in labels.ranks)
     flips = {"small": [], "large": []}
@@ -123,9 +134,9 @@ def test_labeler_noise_hits_its_target_and_large_margins_flip_less():
                     bucket = "large" if abs(g[i] - g[j]) >= 0.5 else "small"
                     flips[bucket].append((g[i] > g[j]) != (r[i] < r[j]))
     assert sum(flips["large"]) / len(flips["large"]) < sum(flips["small"]) / len(flips["small"])
-    clean = noisy_rankings(gold.tolist(), 0.0, seed=1)
-    assert clean.flip_share == 0.0 and 0 < clean.tie_share < 1
-    assert disagreement(gold.tolist(), labels.ranks) == (labels.flip_share, labels.tie_share)
+    clean = rank_with_noise(gold.tolist(), noise_scale(gold.tolist(), 0.0, seed=1), seed=1)
+    flips, ties = disagreement(gold.tolist(), labels.ranks)
+    assert clean.flip_share == 0.0 and flips == labels.flip_share and 0 < ties < 1
 
 
 def test_disagreement_by_hand():

@@ -5,9 +5,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rlhf.data import COMPARISON_SCHEMA, read_rows
-from stages.cli import app
-from stages.collect import with_mismatched
+from rlhf.cli import app
+from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
+from rlhf.synthetic.collection import with_mismatched
 
 from conftest import make_project, run_module, write_params
 
@@ -105,11 +105,11 @@ def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_pat
     result = runner.invoke(app, ["import", str(source), "--kind", "hh", "--out", str(out)])
     assert result.exit_code == 0, result.output
     write_params(project, {"collect.source": "files"})
-    run_module("stages.collect", project)
+    run_module("rlhf.stages.collect", project)
     rows = read_rows(
         project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
     )
     assert rows[0]["prompt"].startswith("Human: Greet") and rows[0]["gold_scores"] == []
-    run_module("stages.rm", project)
+    run_module("rlhf.stages.rm", project)
     metrics = json.loads((project / "metrics" / "rm.json").read_text())
     assert metrics["acc_gold"] is None and metrics["acc_noisy"] is not None

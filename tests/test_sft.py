@@ -2,8 +2,8 @@ import json
 
 import torch
 
-from rlhf import checkpoint
-from rlhf.tokenizer import load_tokenizer
+from rlhf.data.tokenizer import load_tokenizer
+from rlhf.models import checkpoint
 
 from conftest import (
     assert_resume_matches,
@@ -49,9 +49,9 @@ def test_checkpoint_loads_weights_only_with_identity(trained_project):
 
 def kill_sft_at_first_save(project):
     """Run sft on prepared inputs and SIGKILL it as soon as it has saved resume state."""
-    run_module("stages.prepare", project)
-    run_module("stages.tokenizer", project)
-    return kill_at_first_save(project, "stages.sft", project / ".rlhf" / "resume" / "sft.pt")
+    run_module("rlhf.stages.prepare", project)
+    run_module("rlhf.stages.tokenizer", project)
+    return kill_at_first_save(project, "rlhf.stages.sft", project / ".rlhf" / "resume" / "sft.pt")
 
 
 def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
@@ -65,5 +65,5 @@ def test_resume_state_from_other_params_is_ignored(tmp_path):
     project = make_project(tmp_path / "p")
     kill_sft_at_first_save(project)
     write_params(project, {"sft.lr": 0.02})
-    rerun = run_module("stages.sft", project)
+    rerun = run_module("rlhf.stages.sft", project)
     assert "resuming" not in rerun.stderr

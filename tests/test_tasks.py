@@ -3,9 +3,9 @@ from collections import Counter
 
 import pytest
 
-from rlhf import tasks
 from rlhf.params import DataParams
-from stages.prepare import synthetic_sets
+from rlhf.synthetic import tasks
+from rlhf.synthetic.datasets import synthetic_sets
 
 
 @pytest.fixture(scope="module")

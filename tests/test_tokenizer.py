@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiktoken.load import load_tiktoken_bpe
 
-from rlhf.bpe import train_bpe
-from rlhf.tokenizer import EOS, PAT_STR, SPECIAL_TOKENS, load_tokenizer, save_tokenizer
+from rlhf.data.bpe import train_bpe
+from rlhf.data.chat import prompt_ids
+from rlhf.data.tokenizer import EOS, PAT_STR, SPECIAL_TOKENS, load_tokenizer, save_tokenizer
 
 CORPUS = [
     "Greet Alice.", "Hello, Alice!", "What is 3 plus 4?", "3 + 4 = 7.",
@@ -67,8 +68,8 @@ def test_special_tokens_are_distinct_and_not_parsed_from_user_text(bpe):
     ids = {bpe.eos_id, bpe.pad_id, bpe.prompt_id, bpe.response_id}
     assert len(ids) == 4 and min(ids) >= bpe.vocab_size - 4
     assert bpe.eos_id not in bpe.encode(f"say {EOS} now")
-    assert bpe.encode_prompt("hi")[0] == bpe.prompt_id
-    assert bpe.encode_prompt("hi")[-1] == bpe.response_id
+    assert prompt_ids(bpe, "hi")[0] == bpe.prompt_id
+    assert prompt_ids(bpe, "hi")[-1] == bpe.response_id
 
 
 def test_retrained_tokenizer_at_same_path_is_not_served_stale(tmp_path):
@@ -81,7 +82,7 @@ def test_retrained_tokenizer_at_same_path_is_not_served_stale(tmp_path):
 
 def test_named_encoding_without_cache_fails_with_guidance(tmp_path):
     code = (
-        "from rlhf.tokenizer import save_tokenizer\n"
+        "from rlhf.data.tokenizer import save_tokenizer\n"
         f"save_tokenizer({str(tmp_path / 'tok')!r}, 'tiktoken', encoding='gpt2')\n"
     )
     env = {

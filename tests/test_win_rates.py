@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from rlhf.win_rates import bootstrap_interval, compare, outcomes, win_rate
+from rlhf.eval.win_rates import bootstrap_interval, compare, outcomes, win_rate
 
 
 def test_ties_count_half():
@@ -62,3 +62,24 @@ def test_bootstrap_averages_answers_and_is_seeded():
     assert central == bootstrap_interval(values, groups, resamples=1000, seed=5, level=0.4)
     rate = compare([1.0, 0.9, 0.2, 0.2], [0.0, 0.9, 0.5, 0.2], [0, 0, 1, 1], resamples=500, seed=0)
     assert rate.rate == 0.5 and rate.low <= rate.rate <= rate.high
+
+
+def test_decisive_win_rate_leaves_ties_out_and_resamples_the_same_prompts():
+    """Prompt 0: a win and a tie; prompt 1: a loss and a tie; prompt 2: two ties."""
+    scores, baseline = [1.0, 0.5, 0.0, 0.3, 0.2, 0.2], [0.0, 0.5, 1.0, 0.3, 0.2, 0.2]
+    rate = compare(scores, baseline, [0, 0, 1, 1, 2, 2], resamples=2000, seed=0)
+    assert rate.rate == 0.5 and rate.tie_rate == pytest.approx(4 / 6)
+    assert rate.decisive == 0.5  # one win, one loss
+    # resampling prompts 0 and 1 only ever gives 0, 1/2 or 1 decisive win rate
+    assert (rate.decisive_low, rate.decisive_high) == (0.0, 1.0)
+    all_tied = compare([0.5] * 4, [0.5] * 4, [0, 0, 1, 1], resamples=100, seed=0)
+    assert all_tied.tie_rate == 1.0 and all_tied.decisive is None
+    assert (all_tied.decisive_low, all_tied.decisive_high) == (None, None)
+
+
+def test_bootstrap_of_a_ratio_weights_each_resample_by_its_denominator():
+    """sum(values) / sum(weights): prompt 0 has 3 decisive pairs (all won), prompt 1 one (lost);
+    a resample with both is 3/4, not the mean of the per-prompt rates, 1/2."""
+    values, weights, groups = [1.0, 1.0, 1.0, 0.0, 0.0], [1, 1, 1, 1, 0], [0, 0, 0, 1, 1]
+    central = bootstrap_interval(values, groups, resamples=1000, seed=5, level=0.4, weights=weights)
+    assert central == (0.75, 0.75)

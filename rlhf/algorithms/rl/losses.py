@@ -1,0 +1,100 @@
+"""Policy and value losses and their statistics, on [B, N] response-token tensors with a mask.
+
+Every statistic is a mean over real response tokens only: a padded position after the end
+token is neither an action nor a state, and averaging it in would dilute every loss by the
+batch's length spread. Padding is selected away, never multiplied by zero: an inf or NaN in a
+padded column (a logit of a token that was never sampled) would otherwise poison the sum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of x over the entries where the boolean mask is True (0 when there are none)."""
+    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def masked_var(x: Tensor, mask: Tensor) -> Tensor:
+    """Unbiased variance over the masked entries."""
+    mean = masked_mean(x, mask)
+    return torch.where(mask, (x - mean) ** 2, 0.0).sum() / (mask.sum() - 1).clamp(min=1)
+
+
+def whiten(x: Tensor, mask: Tensor) -> Tensor:
+    """Zero mean, unit variance over the masked entries; masked-out entries become 0."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    return torch.where(mask, (x - mean) * torch.rsqrt(var + 1e-8), 0.0)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    loss: Tensor
+    clip_fraction: Tensor
+    approx_kl: Tensor  # k3 estimate of KL(rollout policy || current policy)
+
+
+def _approx_kl(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    """k3 = (r - 1) - log r with r = pi / pi_rollout, over the rollout's own tokens: an
+    unbiased, non-negative estimate of KL(rollout policy || current policy)."""
+    with torch.no_grad():
+        return masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+
+
+def clipped_policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip: float
+) -> PolicyLoss:
+    """PPO's clipped surrogate as a masked token mean."""
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    with torch.no_grad():
+        clip_fraction = masked_mean((clipped > unclipped).float(), mask)
+    return PolicyLoss(
+        masked_mean(torch.maximum(unclipped, clipped), mask),
+        clip_fraction,
+        _approx_kl(log_ratio, mask),
+    )
+
+
+def policy_gradient_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+) -> PolicyLoss:
+    """The policy-gradient loss -A log pi as a masked token mean: no ratio, no clipping."""
+    return PolicyLoss(
+        masked_mean(-advantages * logprobs, mask),
+        torch.zeros((), device=mask.device),
+        _approx_kl(logprobs - old_logprobs, mask),
+    )
+
+
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float
+) -> tuple[Tensor, Tensor]:
+    """Half the larger of the plain and the clipped squared error, masked token mean;
+    and the share of tokens where clipping bound."""
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    plain_err, clipped_err = (values - returns) ** 2, (clipped - returns) ** 2
+    with torch.no_grad():
+        clip_fraction = masked_mean((clipped_err > plain_err).float(), mask)
+    return 0.5 * masked_mean(torch.maximum(plain_err, clipped_err), mask), clip_fraction
+
+
+def entropy(logits: Tensor) -> Tensor:
+    """Entropy of each position's distribution [..., V] -> [...]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns): 1 is a perfect critic, 0 a constant one."""
+    var = masked_var(returns, mask)
+    if float(var) == 0.0:
+        return math.nan
+    return float(1.0 - masked_var(returns - values, mask) / var)

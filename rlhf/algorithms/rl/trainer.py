@@ -1,0 +1,364 @@
+"""One RL iteration at a time, for any registered algorithm: rollout, scoring, advantages,
+updates.
+
+The policy and the frozen reference both start as the SFT model; a critic, where the algorithm
+has one, starts as the reward model (InstructGPT) or is a value head on the policy trunk.
+Algorithms that penalize KL in the reward put it on every token's reward, so it reaches the
+policy through the advantages of the very tokens that drifted; GRPO adds it to the loss.
+Dropout stays off throughout (every model in eval mode): it would make the ratios between the
+rollout policy and the updated one noise.
+
+Everything a resumed run needs (models, optimizers, KL coefficient, step, every RNG) comes out
+of `state_dict()`, so an interrupted run picks up exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlhf.algorithms.rl.advantages import token_rewards
+from rlhf.algorithms.rl.kl import KLController, kl_per_token
+from rlhf.algorithms.rl.losses import (
+    clipped_value_loss,
+    entropy,
+    explained_variance,
+    masked_mean,
+)
+from rlhf.algorithms.rl.registry import Algorithm
+from rlhf.algorithms.scorers import Scorer
+from rlhf.algorithms.sft import masked_lm_loss
+from rlhf.data.batching import collate
+from rlhf.data.chat import Example
+from rlhf.data.tokenizer import Tokenizer
+from rlhf.models.backbone import Backbone
+from rlhf.params import ClipParams, CriticParams, PolicyOptimParams, RLParams
+from rlhf.sampling.forward import response_forward, response_values
+from rlhf.sampling.rollout import Rollout, sample_rollout
+from rlhf.sampling.sampler import SamplingConfig
+from rlhf.train.device import autocast, rng_state, set_rng_state
+from rlhf.train.loop import batch_order
+from rlhf.train.optim import adamw, lr_at, set_lr
+
+
+@dataclass
+class Experience:
+    rollout: Rollout
+    old_logprobs: Tensor  # [B, N] policy log-probs at rollout time (full forward)
+    ref_logprobs: Tensor  # [B, N] reference log-probs
+    scores: Tensor  # [B] the reward source's score
+    advantages: Tensor  # [B, N]
+    values: Tensor | None  # [B, N] critic values at rollout time; None without a critic
+    returns: Tensor | None  # [B, N] what the critic regresses on
+
+
+Recorder = Callable[..., None]  # record(name=value, ...): one value per minibatch
+
+
+def prompt_schedule(n_prompts: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """Prompt indices of iteration `step`: consecutive slices of per-epoch shuffles."""
+    first, last = step * batch_size, (step + 1) * batch_size
+    orders = {
+        e: batch_order(n_prompts, seed, e)
+        for e in range(first // n_prompts, (last - 1) // n_prompts + 1)
+    }
+    return [orders[p // n_prompts][p % n_prompts] for p in range(first, last)]
+
+
+class RLTrainer:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        cfg: PolicyOptimParams,
+        shared: RLParams,
+        *,
+        policy: Backbone,
+        reference: Backbone,
+        critic: Backbone | None,
+        scorer: Scorer,
+        tokenizer: Tokenizer,
+        prompts: Sequence[str],
+        seed: int,
+        ptx_examples: Sequence[Example] = (),
+    ):
+        """critic: the separate critic (`critic: separate`); None for a value head on the
+        policy (`critic: shared`) or an algorithm without a critic."""
+        self.algorithm, self.cfg, self.shared = algorithm, cfg, shared
+        self.policy, self.reference, self.critic = policy, reference, critic
+        self.scorer, self.tokenizer = scorer, tokenizer
+        self.prompts, self.seed = list(prompts), seed
+        self.ptx_examples = list(ptx_examples)
+        self.shared_critic = isinstance(cfg, CriticParams) and cfg.critic == "shared"
+        if isinstance(cfg, CriticParams) and cfg.critic == "separate" and critic is None:
+            raise ValueError(f"{algorithm.name} with critic: separate needs a critic model")
+        self.device = next(policy.parameters()).device
+        betas = (cfg.beta1, cfg.beta2)
+        self.policy_opt = adamw(policy, cfg.lr, cfg.weight_decay, betas)
+        self.critic_opt = None
+        if critic is not None:
+            assert isinstance(cfg, CriticParams)
+            self.critic_opt = adamw(critic, cfg.critic_lr, cfg.weight_decay, betas)
+        self.kl_ctl = KLController(cfg.kl_coef, cfg.kl_target or None, cfg.kl_horizon)
+        self.sampling = SamplingConfig(
+            max_new_tokens=shared.max_new_tokens,
+            temperature=shared.temperature,
+            top_k=shared.top_k,
+            top_p=shared.top_p,
+        )
+        self.sample_rng = torch.Generator(self.device).manual_seed(seed)
+        self.shuffle_rng = torch.Generator().manual_seed(seed + 1)
+        self.ptx_rng = random.Random(seed + 2)
+        self.step = 0
+        for model in (policy, reference, critic):
+            if model is not None:
+                model.eval()  # dropout off everywhere: it would make the ratios noise
+        reference.requires_grad_(False)
+
+    # -- experience ------------------------------------------------------------------------
+    @torch.no_grad()
+    def make_experience(self, prompts: Sequence[str]) -> tuple[Experience, dict[str, float]]:
+        """Sample `group_size` answers to each prompt, score them, estimate advantages."""
+        cfg, shared = self.cfg, self.shared
+        started = time.perf_counter()
+        rollout = sample_rollout(
+            self.policy,
+            self.tokenizer,
+            [p for p in prompts for _ in range(cfg.group_size)],
+            self.sampling,
+            self.sample_rng,
+        )
+        rollout_s = time.perf_counter() - started
+
+        started = time.perf_counter()
+        args = (rollout.sequences, rollout.attention_mask, rollout.prompt_width)
+        with autocast(self.device, cfg.bf16):
+            policy_out = response_forward(self.policy, *args, shared.temperature)
+            ref_logprobs = response_forward(self.reference, *args, shared.temperature).logprobs
+            values = None
+            if self.critic is not None:
+                values = response_values(self.critic, *args)
+            elif self.shared_critic:
+                values = self.policy.values(policy_out.hidden).float()
+        mask = rollout.response_mask
+        scores = self.scorer(rollout.prompts, rollout.responses).to(self.device)
+        rewards = scores - shared.missing_eos_penalty * (~rollout.ended).float()
+        rewards = rewards - shared.length_penalty * rollout.lengths.float()
+        rewards = rewards.clamp(-shared.reward_clip, shared.reward_clip)
+        beta = self.kl_ctl.beta if self.algorithm.kl_penalty == "reward" else 0.0
+        kl = kl_per_token(policy_out.logprobs, ref_logprobs)  # k1, as the penalty always was
+        penalty = torch.where(mask, -beta * kl, 0.0)  # [B, N]
+        per_token = token_rewards(rewards, penalty, mask)
+        if values is not None:
+            values = torch.where(mask, values, 0.0)
+        advantages, returns = self.algorithm.advantages(per_token, values, mask, cfg)
+        scoring_s = time.perf_counter() - started
+
+        experience = Experience(
+            rollout=rollout,
+            old_logprobs=policy_out.logprobs,
+            ref_logprobs=ref_logprobs,
+            scores=scores,
+            advantages=advantages,
+            values=values,
+            returns=returns,
+        )
+        logged_kl = kl_per_token(policy_out.logprobs, ref_logprobs, shared.kl_estimator)
+        generated = float(mask.sum())
+        stats = {
+            "score": float(scores.mean()),
+            "reward": float(rewards.mean()),
+            "non_score_reward": float(penalty.sum(-1).mean()),
+            "kl": float(torch.where(mask, logged_kl, 0.0).sum(-1).mean()),
+            "beta": self.kl_ctl.beta,
+            "response_length": float(rollout.lengths.float().mean()),
+            "end_token_rate": float(rollout.ended.float().mean()),
+        }
+        if values is not None and returns is not None:
+            stats["explained_variance"] = explained_variance(values, returns, mask)
+        stats |= {
+            "rollout_tokens_per_s": generated / rollout_s,
+            "rollout_s": rollout_s,
+            "scoring_s": scoring_s,
+        }
+        return experience, stats
+
+    # -- update ----------------------------------------------------------------------------
+    def _ptx_loss(self) -> Tensor:
+        batch = self.ptx_rng.sample(
+            self.ptx_examples, min(self.cfg.ptx_batch_size, len(self.ptx_examples))
+        )
+        inputs, targets = collate(batch, self.tokenizer.pad_id)
+        return masked_lm_loss(self.policy, inputs.to(self.device), targets.to(self.device))
+
+    def _critic_step(self, exp: Experience, rows: Tensor) -> tuple[Tensor, Tensor]:
+        assert self.critic is not None and self.critic_opt is not None
+        assert isinstance(self.cfg, CriticParams)
+        assert exp.values is not None and exp.returns is not None
+        part = exp.rollout
+        values = response_values(
+            self.critic, part.sequences[rows], part.attention_mask[rows], part.prompt_width
+        )
+        loss, clip_fraction = clipped_value_loss(
+            values,
+            exp.values[rows],
+            exp.returns[rows],
+            part.response_mask[rows],
+            self.cfg.cliprange_value,
+        )
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.grad_clip)
+        self.critic_opt.step()
+        return loss.detach(), clip_fraction
+
+    def _minibatch_loss(self, exp: Experience, rows: Tensor, record: Recorder) -> Tensor:
+        """The policy's loss on some rows of the rollout, under autocast."""
+        cfg, rollout = self.cfg, exp.rollout
+        mask = rollout.response_mask[rows]
+        out = response_forward(
+            self.policy,
+            rollout.sequences[rows],
+            rollout.attention_mask[rows],
+            rollout.prompt_width,
+            self.shared.temperature,
+        )
+        policy = self.algorithm.policy_loss(
+            out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask, cfg
+        )
+        # at weight 0 the entropy is only logged: no backward pass through it
+        with torch.set_grad_enabled(cfg.entropy_coef > 0):
+            mean_entropy = masked_mean(entropy(out.logits), mask)
+        loss = policy.loss - cfg.entropy_coef * mean_entropy
+        if self.algorithm.kl_penalty == "loss":
+            kl = masked_mean(kl_per_token(out.logprobs, exp.ref_logprobs[rows], "k3"), mask)
+            loss = loss + self.kl_ctl.beta * kl
+            record(kl_loss=kl)
+        if self.shared_critic:
+            assert isinstance(cfg, CriticParams)
+            assert exp.values is not None and exp.returns is not None
+            value_loss, value_clip = clipped_value_loss(
+                self.policy.values(out.hidden).float(),
+                exp.values[rows],
+                exp.returns[rows],
+                mask,
+                cfg.cliprange_value,
+            )
+            loss = loss + cfg.vf_coef * value_loss
+            record(value_loss=value_loss, value_clip_fraction=value_clip)
+        if cfg.ptx_coef > 0 and self.ptx_examples:
+            ptx = self._ptx_loss()
+            loss = loss + cfg.ptx_coef * ptx
+            record(ptx_loss=ptx)
+        record(
+            policy_loss=policy.loss,
+            clip_fraction=policy.clip_fraction,
+            approx_kl=policy.approx_kl,
+            entropy=mean_entropy,
+        )
+        return loss
+
+    def update(self, exp: Experience) -> dict[str, float]:
+        """Passes over the rollout in shuffled minibatches: several for a clipped ratio (until
+        approx-KL passes `target_approx_kl`), one for a plain policy gradient."""
+        cfg = self.cfg
+        started = time.perf_counter()
+        totals: dict[str, list[float]] = {}
+
+        def record(**values: float | Tensor) -> None:
+            for key, value in values.items():
+                totals.setdefault(key, []).append(
+                    float(value.detach() if isinstance(value, Tensor) else value)
+                )
+
+        clipped = isinstance(cfg, ClipParams)
+        passes = cfg.update_epochs if clipped else 1
+        rollout, batch = exp.rollout, exp.rollout.sequences.shape[0]
+        starts = range(0, batch, cfg.minibatch_size)
+        trained_tokens = 0
+        epochs_run = 0
+        for _ in range(passes):
+            order = torch.randperm(batch, generator=self.shuffle_rng).to(self.device)
+            for start in starts:
+                rows = order[start : start + cfg.minibatch_size]
+                with autocast(self.device, cfg.bf16):
+                    loss = self._minibatch_loss(exp, rows, record)
+                self.policy_opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
+                self.policy_opt.step()
+                if self.critic is not None:
+                    with autocast(self.device, cfg.bf16):
+                        value_loss, value_clip = self._critic_step(exp, rows)
+                    record(value_loss=value_loss, value_clip_fraction=value_clip)
+                trained_tokens += int(rollout.attention_mask[rows].sum())
+            epochs_run += 1
+            pass_kl = sum(totals["approx_kl"][-len(starts) :]) / len(starts)
+            if clipped and cfg.target_approx_kl and pass_kl > cfg.target_approx_kl:
+                break
+        update_s = time.perf_counter() - started
+        return {
+            **{key: sum(v) / len(v) for key, v in totals.items()},
+            "update_epochs_run": epochs_run,
+            "update_tokens_per_s": trained_tokens / update_s,
+            "update_s": update_s,
+        }
+
+    # -- one iteration ---------------------------------------------------------------------
+    def iteration(self) -> tuple[dict[str, float], Experience]:
+        """Rollout on this step's prompts, score, update; then adapt beta to the KL measured."""
+        cfg = self.cfg
+        lr = lr_at(self.step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+        set_lr(self.policy_opt, lr)
+        if self.critic_opt is not None:
+            assert isinstance(cfg, CriticParams)
+            set_lr(
+                self.critic_opt,
+                lr_at(self.step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
+            )
+        rows = prompt_schedule(len(self.prompts), cfg.batch_size, self.seed, self.step)
+        experience, stats = self.make_experience([self.prompts[i] for i in rows])
+        stats |= self.update(experience)
+        self.kl_ctl.update(stats["kl"], len(experience.rollout.prompts))
+        self.step += 1
+        stats["step"] = self.step
+        stats["lr"] = lr
+        return stats, experience
+
+    # -- resume ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "step": self.step,
+            "policy": self.policy.state_dict(),
+            "policy_opt": self.policy_opt.state_dict(),
+            "kl_ctl": self.kl_ctl.state(),
+            "rng": rng_state(),
+            "sample_rng": self.sample_rng.get_state(),
+            "shuffle_rng": self.shuffle_rng.get_state(),
+            "ptx_rng": list(self.ptx_rng.getstate()[1]),
+        }
+        if self.critic is not None and self.critic_opt is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_opt"] = self.critic_opt.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.policy.load_state_dict(state["policy"])
+        self.policy_opt.load_state_dict(state["policy_opt"])
+        self.kl_ctl.load(state["kl_ctl"])
+        set_rng_state(state["rng"])
+        self.sample_rng.set_state(state["sample_rng"])
+        self.shuffle_rng.set_state(state["shuffle_rng"])
+        version, _, gauss = self.ptx_rng.getstate()
+        self.ptx_rng.setstate((version, tuple(int(x) for x in state["ptx_rng"]), gauss))
+        if self.critic is not None and self.critic_opt is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_opt"])

@@ -1,0 +1,105 @@
+"""Sequence-level reward sources for RL: a reward model, a rule, or an ensemble of RMs.
+
+Every source maps (prompts, responses) text to one score per response. Scoring text rather
+than the policy's token ids means a reward model sees exactly the tokenization it was trained
+on, and rules and models share one interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rlhf.algorithms.reward_model import score
+from rlhf.algorithms.rules import RULES
+from rlhf.data.tokenizer import Tokenizer
+from rlhf.models import checkpoint
+from rlhf.models.backbone import Backbone
+from rlhf.params import ParamsError
+
+Scorer = Callable[[Sequence[str], Sequence[str]], Tensor]
+
+
+@dataclass
+class RewardModelScorer:
+    """A trained reward model, its score divided by the std it recorded on demonstrations.
+
+    The head's bias was shifted at training time so demonstrations average 0; dividing by the
+    std puts reward models of any scale on one scale, so `kl_coef` means the same for each.
+    """
+
+    model: Backbone
+    tokenizer: Tokenizer
+    pooling: str
+    std: float
+    batch_size: int = 256
+
+    @classmethod
+    def load(
+        cls, path: str | Path, tokenizer: Tokenizer, device: torch.device
+    ) -> RewardModelScorer:
+        model, payload = checkpoint.load_model(path, tokenizer, device)
+        if payload.get("kind") != "reward":
+            raise ValueError(f"{path} is a {payload.get('kind')} checkpoint, not a reward model")
+        return cls(model, tokenizer, payload["pooling"], float(payload["reward_std"]))
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> Tensor:
+        raw = score(
+            self.model,
+            self.tokenizer,
+            prompts,
+            responses,
+            pooling=self.pooling,
+            batch_size=self.batch_size,
+        )
+        return raw / max(self.std, 1e-6)
+
+
+@dataclass
+class RuleScorer:
+    rule: Callable[[str, str], float]
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> Tensor:
+        return torch.tensor(
+            [self.rule(p, r) for p, r in zip(prompts, responses, strict=True)], dtype=torch.float32
+        )
+
+
+@dataclass
+class EnsembleScorer:
+    """Several reward models' normalized scores, averaged or (against hacking) their minimum:
+    a policy exploiting one model's blind spot gets no credit the others do not also give."""
+
+    members: list[Scorer]
+    reduce: str = "min"
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> Tensor:
+        scores = torch.stack([m(prompts, responses) for m in self.members])  # [M, B]
+        return scores.min(0).values if self.reduce == "min" else scores.mean(0)
+
+
+def make_scorer(
+    reward: str,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    rm_path: str | Path,
+    ensemble: Sequence[str | Path] = (),
+    reduce: str = "min",
+) -> Scorer:
+    """The reward source `rl.reward` names: `rm`, `rule:NAME` or `ensemble`."""
+    if reward == "rm":
+        return RewardModelScorer.load(rm_path, tokenizer, device)
+    if reward == "ensemble":
+        paths = [rm_path, *ensemble]
+        return EnsembleScorer([RewardModelScorer.load(p, tokenizer, device) for p in paths], reduce)
+    name = reward.removeprefix("rule:")
+    if not reward.startswith("rule:") or name not in RULES:
+        raise ParamsError(
+            f"rl.reward = {reward!r} is not 'rm', 'ensemble' or one of "
+            + ", ".join(f"'rule:{n}'" for n in RULES)
+        )
+    return RuleScorer(RULES[name])

@@ -1,0 +1,351 @@
+"""The `rlhf` command: every stage, plus the tools users reach for between runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.table import Table
+
+from rlhf.algorithms.reward_model import score as score_responses
+from rlhf.data.importers import IMPORTERS, import_sft
+from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, DataError, write_rows
+from rlhf.data.tokenizer import load_tokenizer
+from rlhf.models import checkpoint
+from rlhf.params import RL_ALGORITHMS, ParamsError, describe
+from rlhf.sampling.generate import generate_texts
+from rlhf.sampling.sampler import SamplingConfig
+from rlhf.stages import paths
+from rlhf.stages.common import console, progress
+from rlhf.train.device import resolve_device
+
+
+class ImportKind(str, Enum):
+    sft = "sft"
+    pairwise = "pairwise"
+    hh = "hh"
+    ranked = "ranked"
+
+
+app = typer.Typer(
+    help="InstructGPT-style RLHF pipeline. `dvc repro` runs every stage; these commands run "
+    "one stage or use a checkpoint.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _run_stage(run: Callable[[], object]) -> None:
+    try:
+        run()
+    except (ParamsError, DataError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def prepare() -> None:
+    """Write the train/validation/held-out Parquet sets (stage `prepare`)."""
+    from rlhf.stages import prepare as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def tokenizer() -> None:
+    """Train or build the tokenizer (stage `tokenizer`)."""
+    from rlhf.stages import tokenizer as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def sft() -> None:
+    """Supervised fine-tuning on the demonstrations (stage `sft`); resumes if interrupted."""
+    from rlhf.stages import sft as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def collect() -> None:
+    """Sample K answers per prompt from the SFT policy and rank them (stage `collect`)."""
+    from rlhf.stages import collect as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def rm() -> None:
+    """Train the reward model on the ranked comparisons (stage `rm`)."""
+    from rlhf.stages import rm as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def rl(
+    algorithm: Annotated[
+        str, typer.Argument(help=f"One of {', '.join(RL_ALGORITHMS)}; its params group in "
+                            "params.yaml says how it optimizes.")
+    ],
+) -> None:  # fmt: skip
+    """Optimize the SFT policy with an RL algorithm (stage `rl@ALGORITHM`); resumes."""
+    from rlhf.stages import rl as stage
+
+    if algorithm not in RL_ALGORITHMS:
+        raise typer.BadParameter(f"{algorithm!r} is not one of {', '.join(RL_ALGORITHMS)}")
+    _run_stage(lambda: stage.run(algorithm))
+
+
+@app.command()
+def dpo() -> None:
+    """Direct preference optimization of the SFT policy on the comparisons (stage `dpo`)."""
+    from rlhf.stages import dpo as stage
+
+    _run_stage(stage.run)
+
+
+@app.command()
+def evaluate() -> None:
+    """Every policy on the held-out prompts: win rates, over-optimization, the report (stage
+    `evaluate`)."""
+    from rlhf.stages import evaluate as stage
+
+    _run_stage(stage.run)
+
+
+@app.command("dvc-yaml")
+def dvc_yaml(
+    check: Annotated[
+        bool, typer.Option("--check", help="Only report whether dvc.yaml is up to date.")
+    ] = False,
+) -> None:
+    """Generate dvc.yaml from the stage declarations, each stage's code deps from its imports."""
+    from rlhf.stages import dvcfile
+
+    raise typer.Exit(dvcfile.main(["--check"] if check else []))
+
+
+@app.command()
+def report(
+    open_report: Annotated[
+        bool, typer.Option("--open", help="Print the report's path and open it in a viewer.")
+    ] = False,
+) -> None:
+    """Show the evaluation report (reports/eval.md) that `dvc repro` or `rlhf evaluate` wrote."""
+    path = paths.REPORT.resolve()
+    if not path.exists():
+        console.print(
+            f"[red]error:[/red] no report at {path}; run `dvc repro evaluate` (or `rlhf evaluate`)"
+        )
+        raise typer.Exit(2)
+    if open_report:
+        typer.echo(path)
+        typer.launch(str(path))
+        return
+    Console().print(Markdown(path.read_text()))
+
+
+@app.command("run")
+def run_pipeline(
+    target: Annotated[
+        str, typer.Option(help="Last stage to run; the stages it depends on run first.")
+    ] = "evaluate",
+    set_params: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-S",
+            help="key=value param override written into params.yaml, as "
+            "`dvc exp run -S` does (e.g. -S ppo.kl_coef=0.05).",
+        ),
+    ] = None,
+    containerized: Annotated[
+        bool,
+        typer.Option(help="Run each stage as a run of the rlhf-stage deployment (needs a worker)."),
+    ] = False,
+    retries: Annotated[int, typer.Option(min=0, help="Retries per stage; training resumes.")] = 1,
+) -> None:
+    """The whole pipeline through the Prefect flow `rlhf-pipeline`; up-to-date stages are
+    skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL, else a temporary
+    local one."""
+    from rlhf.flows.pipeline import pipeline
+
+    state = pipeline(
+        target=target,
+        overrides=set_params or [],
+        containerized=containerized,
+        retries=retries,
+        return_state=True,
+    )
+    if not state.is_completed():
+        console.print(f"[red]error:[/red] rlhf-pipeline ended {state.name}: {state.message}")
+        raise typer.Exit(1)
+
+
+@app.command()
+def deploy(
+    name: Annotated[
+        list[str] | None,
+        typer.Option(help="Only this deployment of prefect.yaml (rlhf-stage, rlhf-pipeline)."),
+    ] = None,
+) -> None:
+    """Register the deployments in prefect.yaml with the Prefect server in PREFECT_API_URL."""
+    selected = [f"--name={n}" for n in name] if name else ["--all"]
+    raise typer.Exit(subprocess.call(["prefect", "--no-prompt", "deploy", *selected]))
+
+
+@app.command()
+def generate(
+    checkpoint_path: Annotated[Path, typer.Argument(help="Policy checkpoint (.pt).")] = (
+        paths.SFT_MODEL
+    ),
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="A prompt.")] = None,
+    file: Annotated[Path | None, typer.Option(help="A file of prompts, one per line.")] = None,
+    greedy: Annotated[bool, typer.Option(help="Pick the most likely token.")] = False,
+    temperature: Annotated[float, typer.Option(min=1e-3)] = 1.0,
+    top_k: Annotated[int, typer.Option(min=0, help="0 keeps every token.")] = 0,
+    top_p: Annotated[float, typer.Option(min=1e-6, max=1.0)] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 48,
+    batch_size: Annotated[int, typer.Option(min=1)] = 64,
+    seed: int = 0,
+    tokenizer_dir: Annotated[Path, typer.Option("--tokenizer")] = paths.TOKENIZER,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """Answer prompts with a checkpoint: batched, with the KV cache."""
+    prompts = list(prompt or [])
+    if file is not None:
+        prompts += [line for line in file.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise typer.BadParameter("give --prompt or --file")
+    target = resolve_device(device)
+    tok = load_tokenizer(tokenizer_dir)
+    model, _ = checkpoint.load_model(checkpoint_path, tok, target)
+    config = SamplingConfig(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        greedy=greedy,
+    )
+    generator = torch.Generator(target).manual_seed(seed)
+    with progress() as bar:
+        task = bar.add_task("generate", total=len(prompts), extra="")
+        answers = generate_texts(
+            model,
+            tok,
+            prompts,
+            config,
+            batch_size=batch_size,
+            generator=generator,
+            on_batch=lambda n: bar.update(task, advance=n),
+        )
+    if as_json:
+        for p, a in zip(prompts, answers, strict=True):
+            typer.echo(json.dumps({"prompt": p, "response": a}))
+        return
+    table = Table("prompt", "response", show_lines=True)
+    for p, a in zip(prompts, answers, strict=True):
+        table.add_row(p, a)
+    console.print(table)
+
+
+@app.command("import")
+def import_data(
+    source: Annotated[Path, typer.Argument(help="A .jsonl or .parquet file.")],
+    kind: Annotated[
+        ImportKind,
+        typer.Option(
+            help="sft: prompt, response. pairwise: prompt, chosen, rejected. hh: Anthropic "
+            "HH-RLHF transcripts (chosen, rejected). ranked: prompt, responses [{text, rank}]."
+        ),
+    ] = ImportKind.sft,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Default: data/raw/sft.parquet, or data/raw/comparisons.parquet."),
+    ] = None,
+) -> None:
+    """Validate your own data row by row and write it where the pipeline reads it."""
+    is_sft = kind is ImportKind.sft
+    target = out or (paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS)
+    try:
+        rows = IMPORTERS[kind.value](source)
+        write_rows(target, rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
+    except DataError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    setting = "data.source: files" if is_sft else "collect.source: files"
+    console.print(
+        f"imported {len(rows)} rows into {target}; track it with `dvc add {target}` and set "
+        f"{setting} in params.yaml"
+    )
+
+
+@app.command()
+def score(
+    checkpoint_path: Annotated[Path, typer.Argument(help="Reward checkpoint (.pt).")] = (
+        paths.RM_MODEL
+    ),
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p")] = None,
+    response: Annotated[
+        list[str] | None, typer.Option("--response", "-r", help="One per --prompt, in order.")
+    ] = None,
+    file: Annotated[
+        Path | None, typer.Option(help="JSONL or Parquet with prompt, response columns.")
+    ] = None,
+    tokenizer_dir: Annotated[Path, typer.Option("--tokenizer")] = paths.TOKENIZER,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """Score prompt/response pairs with a reward model (0 = the average SFT demonstration)."""
+    prompts, responses = list(prompt or []), list(response or [])
+    if len(prompts) != len(responses):
+        raise typer.BadParameter(f"{len(prompts)} --prompt but {len(responses)} --response")
+    if file is not None:
+        try:
+            rows = import_sft(file)
+        except DataError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from exc
+        prompts += [r["prompt"] for r in rows]
+        responses += [r["response"] for r in rows]
+    if not prompts:
+        raise typer.BadParameter("give --prompt/--response pairs or --file")
+    tok = load_tokenizer(tokenizer_dir)
+    model, payload = checkpoint.load_model(checkpoint_path, tok, resolve_device(device))
+    if payload["kind"] != "reward":
+        raise typer.BadParameter(f"{checkpoint_path} is a {payload['kind']} checkpoint")
+    rewards = score_responses(model, tok, prompts, responses, pooling=payload["pooling"]).tolist()
+    std = payload["reward_std"] or 1.0
+    if as_json:
+        for p, r, value in zip(prompts, responses, rewards, strict=True):
+            record = {"prompt": p, "response": r, "reward": value, "z": value / std}
+            typer.echo(json.dumps(record))
+        return
+    table = Table("prompt", "response", "reward", "z (reward / std)", show_lines=True)
+    for p, r, value in zip(prompts, responses, rewards, strict=True):
+        table.add_row(p, r, f"{value:+.3f}", f"{value / std:+.2f}")
+    console.print(table)
+
+
+@app.command("params")
+def show_params() -> None:
+    """List every hyperparameter with its default and what it does."""
+    table = Table("key", "default", "meaning")
+    for key, doc, default in describe():
+        table.add_row(key, json.dumps(default), doc)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,59 @@
+"""The chat template: how a prompt and a response become one token sequence.
+
+`<|prompt|> prompt <|response|> response <|endoftext|>`. Every model sees this one layout:
+SFT trains on it, sampling answers from its prompt part, the reward model and DPO score it.
+Changing it here changes it everywhere, and DVC reruns every stage that imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlhf.data.tokenizer import Tokenizer
+
+
+def _framed_prompt(tokenizer: Tokenizer, prompt_tokens: Sequence[int]) -> list[int]:
+    return [tokenizer.prompt_id, *prompt_tokens, tokenizer.response_id]
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """`<|prompt|> prompt <|response|>`: the context a policy answers from."""
+    return _framed_prompt(tokenizer, tokenizer.encode(prompt))
+
+
+def decode_response(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
+    """Decode generated ids up to (not including) the first end or pad token."""
+    out = []
+    for token in ids:
+        if token in (tokenizer.eos_id, tokenizer.pad_id):
+            break
+        out.append(token)
+    return tokenizer.decode(out)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One chat-formatted sequence: `<|prompt|> p <|response|> r <|endoftext|>`."""
+
+    ids: list[int]
+    response_start: int  # index of the first response token in `ids`
+
+
+def encode_example(tokenizer: Tokenizer, prompt: str, response: str, block_size: int) -> Example:
+    """Tokenize and fit into `block_size` tokens.
+
+    Truncation cuts the prompt from the left (the question sits at its end) and the response
+    from the right, always keeps the end token, and gives the response at least half the
+    budget, so an overlong prompt never crowds the response out.
+    """
+    prompt_tokens = tokenizer.encode(prompt)
+    response_tokens = tokenizer.encode(response)
+    budget = block_size - 3  # <|prompt|>, <|response|>, <|endoftext|>
+    if budget < 2:
+        raise ValueError(f"block_size={block_size} is too small for the chat template")
+    response_len = min(len(response_tokens), max(budget - len(prompt_tokens), budget // 2))
+    prompt_len = min(len(prompt_tokens), budget - response_len)
+    framed = _framed_prompt(tokenizer, prompt_tokens[len(prompt_tokens) - prompt_len :])
+    ids = [*framed, *response_tokens[:response_len], tokenizer.eos_id]
+    return Example(ids=ids, response_start=len(framed))

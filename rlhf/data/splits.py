@@ -1,0 +1,52 @@
+"""Splits by prompt, so that no prompt is on both sides of a train/held-out boundary."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from rlhf.data.schemas import DataError
+
+Rows = list[dict[str, Any]]
+
+
+def split_demonstrations(
+    rows: Rows, val_fraction: float, heldout_fraction: float, seed: int, source: str
+) -> dict[str, Rows]:
+    """Imported demonstrations as the `prepare` sets: train and validation demonstrations,
+    training and held-out prompts. One prompt's demonstrations stay on one side."""
+    prompts = sorted({r["prompt"] for r in rows})
+    random.Random(seed).shuffle(prompts)
+    n_held = max(1, int(heldout_fraction * len(prompts)))
+    n_val = max(1, int(val_fraction * len(prompts)))
+    if n_held + n_val >= len(prompts):
+        raise DataError(f"{source}: {len(prompts)} distinct prompts are too few to split")
+    heldout, val = set(prompts[:n_held]), set(prompts[n_held : n_held + n_val])
+    task_of = {r["prompt"]: r["task"] for r in rows}
+
+    def prompt_rows(selected: set[str]) -> Rows:
+        return [{"prompt": p, "task": task_of[p], "source": "files"} for p in sorted(selected)]
+
+    train = [r for r in rows if r["prompt"] not in heldout and r["prompt"] not in val]
+    return {
+        "train": train,
+        "val": [r for r in rows if r["prompt"] in val],
+        "prompts_train": prompt_rows({r["prompt"] for r in train}),
+        "prompts_heldout": prompt_rows(heldout),
+    }
+
+
+def split_comparisons(rows: Rows, val_fraction: float, seed: int) -> tuple[Rows, Rows]:
+    """Hold out `val_fraction` of each task's distinct prompts with all their rows.
+
+    Per task, because tasks differ in how many distinct prompts they have (addition has dozens
+    of times more than capitals): a split over all prompts would fill the held-out set with
+    the largest task and let it decide the reward model's accuracy.
+    """
+    rng = random.Random(seed)
+    held: set[str] = set()
+    for task in sorted({r["task"] for r in rows}):
+        prompts = sorted({r["prompt"] for r in rows if r["task"] == task})
+        rng.shuffle(prompts)
+        held.update(prompts[: max(1, round(val_fraction * len(prompts)))])
+    return [r for r in rows if r["prompt"] not in held], [r for r in rows if r["prompt"] in held]

@@ -1,0 +1,146 @@
+"""The evaluation report's figures, drawn with matplotlib's object API.
+
+`Figure` objects render through the Agg canvas without pyplot, so nothing here depends on a
+display or on global pyplot state, and figures drawn in one process never leak into the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from rlhf.eval.win_rates import WinRate
+
+POLICY_COLORS = {
+    "sft": "tab:gray",
+    "ppo": "tab:blue",
+    "dpo": "tab:orange",
+    "reinforce": "tab:green",
+    "rloo": "tab:brown",
+    "grpo": "tab:red",
+}
+Rows = Sequence[Mapping[str, str | float]]
+
+
+def _color(policy: str) -> str:
+    return POLICY_COLORS.get(policy, "tab:purple")
+
+
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def _column(rows: Rows, key: str) -> list[float]:
+    return [float(r[key]) for r in rows]
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average, so the trend of a noisy per-step series is readable."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _loss_panel(ax: Axes, steps: Rows, epochs: Rows, title: str, ylabel: str) -> None:
+    """Per-step training loss (raw and smoothed) with the validation loss at each epoch's end."""
+    x, loss = _column(steps, "step"), _column(steps, "train_loss")
+    ax.plot(x, loss, color="tab:blue", alpha=0.25, linewidth=0.8)
+    ax.plot(x, _smooth(loss, max(1, len(loss) // 25)), color="tab:blue", label="train (smoothed)")
+    last_step = {int(r["epoch"]): float(r["step"]) for r in steps}
+    epoch_x = [last_step[int(r["epoch"])] for r in epochs]
+    ax.plot(epoch_x, _column(epochs, "val_loss"), "o-", color="tab:red", label="validation")
+    ax.set(title=title, xlabel="optimizer step", ylabel=ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+
+
+def training_curves(path: Path, losses: Mapping[str, tuple[Rows, Rows]]) -> None:
+    """One loss panel per trained stage: {title: (per-step rows, per-epoch rows)}."""
+    fig = Figure(figsize=(5.5 * len(losses), 4), layout="constrained")
+    axes = fig.subplots(1, len(losses), squeeze=False)[0]
+    for ax, (title, (steps, epochs)) in zip(axes, losses.items(), strict=True):
+        _loss_panel(ax, steps, epochs, title, "training loss")
+    _save(fig, path)
+
+
+def overoptimization_curve(path: Path, curves: Mapping[str, Rows]) -> None:
+    """Gold and proxy (reward-model) score against KL to SFT along each RL policy's training
+    (Gao et al.), one line per policy.
+
+    One panel per score, sharing the KL axis: the scores have different units, and twin y
+    axes would scale any two rising series onto the same line. The dotted line is the SFT
+    policy (every curve's first point); each point is labelled with its iteration.
+    """
+    points = [p for rows in curves.values() for p in rows]
+    panels = [("rm_score", "reward-model score (std units)")]
+    if all(p["gold_score"] is not None for p in points):
+        panels.insert(0, ("gold_score", "gold score (0-1)"))
+    fig = Figure(figsize=(7.5, 2.2 + 2.6 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (key, ylabel) in zip(axes, panels, strict=True):
+        for policy, rows in curves.items():
+            kl, y = _column(rows, "kl_to_sft"), _column(rows, key)
+            ax.plot(kl, y, "o-", color=_color(policy), label=policy)
+            for point, xy in zip(rows, zip(kl, y, strict=True), strict=True):
+                ax.annotate(
+                    str(int(float(point["step"]))), xy, xytext=(0, 6),
+                    textcoords="offset points", ha="center", fontsize=8, color="dimgray",
+                )  # fmt: skip
+        first = next(iter(curves.values()))[0]
+        ax.axhline(float(first[key]), color="black", linestyle=":", linewidth=1, label="SFT")
+        ax.set_ylabel(ylabel)
+        ax.margins(y=0.2)
+        ax.legend(loc="best")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Over-optimization along RL training (point labels: iteration)")
+    axes[-1].set_xlabel("KL to the SFT policy (nats per answer)")
+    _save(fig, path)
+
+
+def win_rates(path: Path, rates: Mapping[str, WinRate]) -> None:
+    """Each pair's gold-judged win rate with its 95% interval; 0.5 is no preference."""
+    names = list(rates)
+    fig = Figure(figsize=(7, 1.2 + 0.6 * len(names)), layout="constrained")
+    ax = fig.subplots()
+    values = [rates[n].rate for n in names]
+    errors = [
+        [rates[n].rate - rates[n].low for n in names],
+        [rates[n].high - rates[n].rate for n in names],
+    ]
+    ax.barh(names, values, xerr=errors, color="tab:blue", alpha=0.8, capsize=4)
+    for y, value in enumerate(values):
+        ax.text(0.02, y, f"{value:.3f}", va="center", color="white", fontweight="bold")
+    ax.axvline(0.5, color="black", linestyle=":", label="no preference")
+    ax.set(
+        xlim=(0, 1),
+        title="Gold-judged win rate, ties half (bars: 95% bootstrap interval)",
+        xlabel="win rate of the first policy over the second",
+    )
+    ax.set_yticks(range(len(names)), [n.replace("_vs_", " vs ") for n in names])
+    ax.legend(loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    _save(fig, path)
+
+
+def scores_by_task(
+    path: Path, by_policy: Mapping[str, Mapping[str, float]], title: str, ylabel: str
+) -> None:
+    """Grouped bars: one group per task family (and `all`), one labelled bar per policy."""
+    groups = list(next(iter(by_policy.values())))
+    width = 0.8 / len(by_policy)
+    fig = Figure(figsize=(max(7.0, 1.2 * len(groups)), 4.5), layout="constrained")
+    ax = fig.subplots()
+    for i, (policy, scores) in enumerate(by_policy.items()):
+        x = [g + (i - (len(by_policy) - 1) / 2) * width for g in range(len(groups))]
+        bars = ax.bar(x, [scores[g] for g in groups], width, label=policy, color=_color(policy))
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set(title=title, ylabel=ylabel, ylim=(0, 1.1))
+    ax.legend(title="policy", ncols=len(by_policy), loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)

@@ -1,0 +1,265 @@
+"""The evaluation report as Markdown: the paper's table in miniature, and the warning signs.
+
+Everything here is computed from the evaluation's metrics dict (the same numbers `dvc metrics
+show` prints), its over-optimization points and a few side-by-side answers, so the report can
+never disagree with the metrics file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlhf.eval import plots
+from rlhf.eval.win_rates import WinRate
+
+Rows = Sequence[Mapping[str, Any]]
+REPORT_FILE = "eval.md"
+
+LENGTH_DRIFT = 0.25  # relative change in mean answer length that counts as drift
+END_TOKEN_DROP = 0.05  # absolute drop in the share of answers that end
+GOLD_DROP = 0.02  # gold score below its peak along training, or below SFT on one task
+ROW_LABELS = {
+    "gold_sampled": "gold score, sampled",
+    "gold_greedy": "gold score, greedy",
+    "rm_sampled": "RM score, sampled",
+    "kl_to_sft": "KL to SFT (nats/answer)",
+    "response_length": "answer length (tokens)",
+    "end_token_rate": "answers that end",
+}
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _text(answer: str) -> str:
+    """An answer as one Markdown table cell."""
+    shown = answer.replace("|", "\\|").replace("\n", " ⏎ ").strip()
+    return f"`{shown}`" if shown and "`" not in shown else shown or "*(empty)*"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def policies_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Every measure (rows) of every policy (columns), as Markdown lines."""
+    policies = list(metrics["kl_to_sft"])
+    keys = [k for k in ROW_LABELS if k in metrics]
+    return _table(
+        ["", *policies], [[ROW_LABELS[k], *(metrics[k][p] for p in policies)] for k in keys]
+    )
+
+
+def _interval(ci: Mapping[str, float | None]) -> str:
+    if ci["low"] is None or ci["high"] is None:
+        return "–"
+    return f"{ci['low']:.3f} – {ci['high']:.3f}"
+
+
+def win_rates_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Every pair's win rate (ties half, and decisive), each with its interval, the tie rate
+    and the greedy win rate, as Markdown lines."""
+    rows = [
+        [
+            pair.replace("_vs_", " vs "),
+            rate,
+            _interval(metrics["win_rate_ci95"][pair]),
+            metrics["win_rate_decisive"][pair],
+            _interval(metrics["win_rate_decisive_ci95"][pair]),
+            metrics["tie_rate"][pair],
+            metrics["win_rate_greedy"][pair],
+        ]
+        for pair, rate in metrics.get("win_rate", {}).items()
+    ]
+    header = ["pair", "win rate (ties half)", "95% interval", "decisive win rate", "95% interval"]
+    return _table([*header, "ties", "greedy win rate"], rows)
+
+
+def warning_signs(
+    metrics: Mapping[str, Any], curves: Mapping[str, Rows], policies: Sequence[str]
+) -> list[str]:
+    """Symptoms of reward hacking users report: length drift, answers that stop ending, and a
+    proxy reward that rises while the gold score falls (along training or on one task)."""
+    signs = []
+    length, ends = metrics["response_length"], metrics["end_token_rate"]
+    for policy in [p for p in policies if p != "sft"]:
+        drift = length[policy] / max(length["sft"], 1e-9) - 1
+        if abs(drift) > LENGTH_DRIFT:
+            why = (
+                "reward models often pay for length rather than quality"
+                if drift > 0
+                else "check the side-by-side answers for cut-short ones"
+            )
+            signs.append(
+                f"**{policy}: length drift.** Answers are {abs(drift):.0%} "
+                f"{'longer' if drift > 0 else 'shorter'} than SFT's ({length[policy]:.1f} vs "
+                f"{length['sft']:.1f} tokens); {why}."
+            )
+        if ends["sft"] - ends[policy] > END_TOKEN_DROP:
+            signs.append(
+                f"**{policy}: answers stop ending.** {ends[policy]:.0%} emit the end token "
+                f"(SFT {ends['sft']:.0%})."
+            )
+        if "gold_sampled" not in metrics:
+            continue
+        for task, scores in metrics["by_task"][policy].items():
+            sft = metrics["by_task"]["sft"][task]
+            if (
+                scores["gold_sampled"] < sft["gold_sampled"] - GOLD_DROP
+                and scores["rm_sampled"] > sft["rm_sampled"]
+            ):
+                signs.append(
+                    f"**{policy}, {task}: proxy up, gold down.** RM score "
+                    f"{sft['rm_sampled']:+.2f} → {scores['rm_sampled']:+.2f} while the gold "
+                    f"score fell {sft['gold_sampled']:.3f} → {scores['gold_sampled']:.3f}."
+                )
+    for policy, curve in curves.items():
+        if not curve or any(p["gold_score"] is None for p in curve):
+            continue
+        peak = max(curve, key=lambda p: p["gold_score"])
+        last = curve[-1]
+        if last["gold_score"] < peak["gold_score"] - GOLD_DROP and (
+            last["rm_score"] >= peak["rm_score"]
+        ):
+            signs.append(
+                f"**{policy} over-optimized the reward model.** The gold score peaked at "
+                f"iteration {peak['step']} ({peak['gold_score']:.3f}, KL "
+                f"{peak['kl_to_sft']:.2f}) and fell to {last['gold_score']:.3f} (KL "
+                f"{last['kl_to_sft']:.2f}) while the RM score rose {peak['rm_score']:+.2f} → "
+                f"{last['rm_score']:+.2f}; a larger {policy}.kl_coef or fewer {policy}.steps "
+                "stops nearer the peak."
+            )
+    return signs
+
+
+def render(
+    metrics: Mapping[str, Any],
+    *,
+    curves: Mapping[str, Rows],
+    examples: Sequence[Mapping[str, Any]],
+    figures: Mapping[str, str],
+) -> str:
+    """The whole report. `figures`: caption -> path relative to the report."""
+    policies = list(metrics["kl_to_sft"])
+    has_gold = "gold_sampled" in metrics
+    lines = [
+        "# Evaluation report",
+        "",
+        f"{metrics['prompts']} held-out prompts, never seen in training; per policy one greedy "
+        f"answer and {metrics['samples_per_prompt']} answers sampled at temperature "
+        f"{metrics['temperature']} per prompt. "
+        + (
+            "Gold scores come from the task suite's programmatic judge, which plays the human "
+            "labeler; RM scores from the reward model the RL policies optimized (in its std "
+            "units)."
+            if has_gold
+            else "These prompts have no gold judge (imported data): RM scores and KL only."
+        ),
+        "",
+        "## Policies",
+        "",
+    ]
+    lines += policies_table(metrics)
+    if metrics.get("win_rate"):
+        lines += [
+            "## Win rates",
+            "",
+            "How often the gold judge prefers the first policy's answer to the second's for the "
+            "same prompt: ties counting half, and decisive (wins over wins and losses, ties left "
+            "out), with the share of ties; intervals are 95% bootstrap over prompts.",
+            "",
+            *win_rates_table(metrics),
+        ]
+    signs = warning_signs(metrics, curves, policies)
+    lines += ["## Warning signs", ""]
+    lines += [f"- {s}" for s in signs] or [
+        "None found: no length drift, answers still end, and no gold score falling while the "
+        "reward-model score rises."
+    ]
+    lines += ["", "## By task family", ""]
+    tasks = list(metrics["by_task"]["sft"])
+    shown = ("gold_sampled", "gold_greedy", "rm_sampled", "response_length")
+    for key in [k for k in shown if k in metrics]:
+        lines += [f"**{ROW_LABELS[key]}**", ""]
+        lines += _table(
+            ["task", *policies],
+            [[t, *(metrics["by_task"][p][t][key] for p in policies)] for t in tasks],
+        )
+    lines += ["## Figures", ""]
+    for caption, path in figures.items():
+        lines += [f"**{caption}**", "", f"![{caption}]({path})", ""]
+    for policy, curve in curves.items():
+        lines += [f"Over-optimization points of {policy} (iteration 0 is the SFT policy):", ""]
+        lines += _table(
+            ["iteration", "KL to SFT", "RM score", "gold score"],
+            [[p["step"], p["kl_to_sft"], p["rm_score"], p["gold_score"]] for p in curve],
+        )
+    if examples:
+        lines += [
+            "## Answers side by side",
+            "",
+            "The greedy answer and the first sampled answer of each policy to the same prompt.",
+            "",
+        ]
+    for example in examples:
+        lines += [f"**{example['task']}:** `{example['prompt']}`", ""]
+        lines += _table(
+            ["policy", "greedy answer", "gold", "sampled answer", "gold", "RM"],
+            [
+                [p, _text(a["greedy"]), a["greedy_gold"], _text(a["sampled"]), a["sampled_gold"],
+                 a["sampled_rm"]]
+                for p, a in example["answers"].items()
+            ],
+        )  # fmt: skip
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write(
+    directory: Path,
+    metrics: Mapping[str, Any],
+    *,
+    rates: Mapping[str, WinRate],
+    curves: Mapping[str, Rows],
+    examples: Sequence[Mapping[str, Any]],
+    losses: Mapping[str, tuple[Rows, Rows]],
+) -> None:
+    """The report into a new `directory`: eval.md and the figures the data allows.
+    `losses`: {stage title: (per-step rows, per-epoch rows)} for the training-curve panels."""
+    (directory / "figures").mkdir(parents=True)
+    figures: dict[str, str] = {}  # caption -> path relative to the report
+
+    def figure(caption: str, name: str, draw: Callable[[Path], None]) -> None:
+        figures[caption] = f"figures/{name}.png"
+        draw(directory / figures[caption])
+
+    if rates:
+        figure("Win rates", "win_rates", lambda path: plots.win_rates(path, rates))
+    if "gold_sampled" in metrics:
+        by_policy = {
+            p: {"all": gold} | {t: v["gold_sampled"] for t, v in metrics["by_task"][p].items()}
+            for p, gold in metrics["gold_sampled"].items()
+        }
+        caption = "Gold score by task family, sampled answers"
+        figure(
+            caption,
+            "gold_by_task",
+            lambda path: plots.scores_by_task(path, by_policy, caption, "mean gold score (0-1)"),
+        )
+    if any(len(curve) > 1 for curve in curves.values()):
+        figure(
+            "Over-optimization: reward-model and gold score against KL to SFT",
+            "overoptimization",
+            lambda path: plots.overoptimization_curve(path, curves),
+        )
+    figure("Training curves", "training", lambda path: plots.training_curves(path, losses))
+    text = render(metrics, curves=curves, examples=examples, figures=figures)
+    (directory / REPORT_FILE).write_text(text)

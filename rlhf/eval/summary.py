@@ -1,0 +1,136 @@
+"""The evaluation's numbers: every policy's measures, the pairwise win rates, the answers shown
+side by side, and the over-optimization points, as the metrics dict `dvc metrics` compares.
+
+Metric keys are a contract: `<measure>.<policy>`, `win_rate.<a>_vs_<b>` (ties half) with
+`win_rate_ci95`, `win_rate_decisive` with `win_rate_decisive_ci95`, `tie_rate`,
+`win_rate_greedy`, and `by_task.<policy>.<task>.<measure>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlhf.eval.policies import ScoredAnswers
+from rlhf.eval.win_rates import WinRate, compare
+
+# metric key -> (which answers, which of their measures)
+MEASURES = {
+    "gold_sampled": ("sampled", "gold"),
+    "gold_greedy": ("greedy", "gold"),
+    "rm_sampled": ("sampled", "reward"),
+    "kl_to_sft": ("sampled", "kl"),
+    "response_length": ("sampled", "length"),
+    "end_token_rate": ("sampled", "end_token_rate"),
+}
+HEADLINE = (
+    "gold_sampled", "gold_greedy", "rm_sampled", "kl_to_sft", "response_length",
+    "end_token_rate", "win_rate", "win_rate_decisive", "tie_rate", "win_rate_greedy",
+)  # fmt: skip
+
+
+def win_rates(
+    answers: Mapping[str, ScoredAnswers], resamples: int, seed: int
+) -> dict[str, WinRate]:
+    """Gold-judged win rate of every later policy over every earlier one (`ppo_vs_sft`)."""
+    names = list(answers)
+    rates = {}
+    for i, baseline in enumerate(names):
+        for name in names[i + 1 :]:
+            a, b = answers[name], answers[baseline]
+            assert a.gold is not None and b.gold is not None
+            rates[f"{name}_vs_{baseline}"] = compare(
+                a.gold, b.gold, a.prompt_index, resamples=resamples, seed=seed
+            )
+    return rates
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def summarize(
+    answers: Mapping[str, Mapping[str, ScoredAnswers]],
+    rates: Mapping[str, WinRate],
+    greedy_rates: Mapping[str, WinRate],
+) -> dict[str, Any]:
+    """The metrics dict. `answers`: {"sampled" | "greedy": {policy: its answers}}."""
+    policies = list(answers["sampled"])
+    has_gold = answers["sampled"]["sft"].gold is not None
+    measures = {k: v for k, v in MEASURES.items() if has_gold or not k.startswith("gold")}
+    means = {kind: {n: a.means() for n, a in by_name.items()} for kind, by_name in answers.items()}
+    by_task = {
+        kind: {n: a.by_task() for n, a in by_name.items()} for kind, by_name in answers.items()
+    }
+    metrics: dict[str, Any] = {
+        key: {n: means[kind][n][measure] for n in policies}
+        for key, (kind, measure) in measures.items()
+    }
+    metrics["by_task"] = {
+        n: {
+            task: {key: by_task[kind][n][task][m] for key, (kind, m) in measures.items()}
+            for task in by_task["sampled"][n]
+        }
+        for n in policies
+    }
+    if rates:
+        metrics["win_rate"] = {k: round(r.rate, 4) for k, r in rates.items()}
+        metrics["win_rate_ci95"] = {
+            k: {"low": round(r.low, 4), "high": round(r.high, 4)} for k, r in rates.items()
+        }
+        metrics["win_rate_decisive"] = {k: _rounded(r.decisive) for k, r in rates.items()}
+        metrics["win_rate_decisive_ci95"] = {
+            k: {"low": _rounded(r.decisive_low), "high": _rounded(r.decisive_high)}
+            for k, r in rates.items()
+        }
+        metrics["tie_rate"] = {k: round(r.tie_rate, 4) for k, r in rates.items()}
+        metrics["win_rate_greedy"] = {k: round(r.rate, 4) for k, r in greedy_rates.items()}
+    return metrics
+
+
+def headline(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """`<measure>.<policy>` and `win_rate.<pair>` as one flat dict, as `dvc metrics show`
+    names them."""
+    return {
+        f"{key}.{name}": value for key in HEADLINE for name, value in metrics.get(key, {}).items()
+    }
+
+
+def side_by_side(
+    prompts: Sequence[str],
+    tasks: Sequence[str],
+    answers: Mapping[str, Mapping[str, ScoredAnswers]],
+    per_task: int,
+) -> list[dict[str, Any]]:
+    """The first `per_task` prompts of each family with every policy's answers to them."""
+    chosen: dict[str, list[int]] = {}
+    for i, task in enumerate(tasks):
+        if len(chosen.setdefault(task, [])) < per_task:
+            chosen[task].append(i)
+    examples = []
+    for task, rows in chosen.items():
+        for i in rows:
+            shown = {}
+            for name, s in answers["sampled"].items():
+                g = answers["greedy"][name]
+                first = s.prompt_index.index(i)
+                shown[name] = {
+                    "greedy": g.responses[i],
+                    "greedy_gold": g.gold[i] if g.gold else None,
+                    "sampled": s.responses[first],
+                    "sampled_gold": s.gold[first] if s.gold else None,
+                    "sampled_rm": round(s.reward[first], 2),
+                }
+            examples.append({"task": task, "prompt": prompts[i], "answers": shown})
+    return examples
+
+
+def curve_point(step: int, answers: ScoredAnswers) -> dict[str, Any]:
+    """One point of the over-optimization curve: KL to SFT, RM score and gold score."""
+    means = answers.means()
+    return {
+        "step": step,
+        "kl_to_sft": means["kl"],
+        "rm_score": means["reward"],
+        "gold_score": means["gold"],
+    }

@@ -1,0 +1,90 @@
+"""What every backbone offers the rest of the library, whatever its architecture.
+
+A policy, a critic and a reward model are the same transformer trunk read three ways: next-token
+logits from the LM head, a per-token value from the value head, a per-token reward from the
+reward head. Sampling, RL, the reward model and DPO use only the methods below, so a new
+architecture (GPT-2, Llama, Qwen) is a subclass plus a registry entry, never a change to them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from rlhf.models.cache import KVCache
+
+
+class Backbone(nn.Module, ABC):
+    """A decoder-only transformer with an LM head and two scalar heads, `value_head` and
+    `reward_head` (subclasses create both, each `nn.Linear(hidden, 1)`)."""
+
+    name: ClassVar[str]  # registry key, stored in checkpoints
+    config_class: ClassVar[type]  # a dataclass: the architecture, rebuilt from checkpoints
+    config: Any
+    value_head: nn.Linear
+    reward_head: nn.Linear
+
+    @property
+    @abstractmethod
+    def max_seq_len(self) -> int:
+        """Most tokens one sequence (prompt and response) may hold."""
+
+    @abstractmethod
+    def hidden_states(
+        self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        """Final hidden states [B, T, C] for token ids [B, T].
+
+        attention_mask [B, T] marks real tokens (False = padding); None means no padding. With
+        a cache, ids holds only the tokens after those already cached.
+        """
+
+    @abstractmethod
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        """Next-token logits [B, T, V] from hidden states [B, T, C]."""
+
+    @abstractmethod
+    def new_cache(self, batch_size: int, max_len: int, device: torch.device) -> KVCache:
+        """An empty KV cache for decoding up to `max_len` tokens per row."""
+
+    @abstractmethod
+    def num_params(self) -> int:
+        """Parameters that count toward the model's size, as its family reports it."""
+
+    def forward(
+        self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        """Next-token logits [B, T, V]."""
+        return self.lm_logits(self.hidden_states(ids, attention_mask, cache))
+
+    def values(self, hidden: Tensor) -> Tensor:
+        """Per-token value estimates [B, T] from hidden states [B, T, C]."""
+        return self.value_head(hidden).squeeze(-1)
+
+    def rewards(self, hidden: Tensor) -> Tensor:
+        """Per-token scalar reward [B, T]; the reward model pools it over the response."""
+        return self.reward_head(hidden).squeeze(-1)
+
+    def optimizer_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """AdamW groups: decay on matrices and embeddings only; decaying biases and norms only
+        hurts."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    @torch.no_grad()
+    def init_value_head_from_reward_head(self) -> None:
+        """Copy the reward head into the value head: a critic made from a reward model then
+        predicts roughly what the episode will score from its first update."""
+        self.value_head.weight.copy_(self.reward_head.weight)
+        self.value_head.bias.copy_(self.reward_head.bias)
+
+    @torch.no_grad()
+    def shift_rewards(self, offset: float) -> None:
+        """Subtract `offset` from every reward this model gives."""
+        self.reward_head.bias -= offset

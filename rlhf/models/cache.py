@@ -1,0 +1,76 @@
+"""The KV cache for incremental decoding over left-padded batches.
+
+Left padding puts every prompt's last token in the same column, so one forward per step serves
+the whole batch and each row's cache grows by one token. The cache also keeps which cached
+columns are real tokens, from which each step's attention mask and positions follow.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def attention_mask_and_positions(key_mask: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    """Attention mask and position ids for the last T = L - start tokens of `key_mask` [B, L].
+
+    Positions count real tokens only, so a left-padded row gets the same positions as the row
+    alone. Each query also sees itself: a pad query would otherwise see no key at all and
+    scaled_dot_product_attention would return NaN for it.
+    Returns mask [B, 1, T, L] (True = attend) and positions [B, T].
+    """
+    length = key_mask.shape[1]
+    steps = length - start
+    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:]
+    causal = torch.ones(steps, length, dtype=torch.bool, device=key_mask.device)
+    causal = causal.tril(diagonal=start)
+    allowed = causal[None] & key_mask[:, None, :]
+    diagonal = torch.arange(steps, device=key_mask.device)
+    allowed[:, diagonal, diagonal + start] = True
+    return allowed[:, None], positions
+
+
+class KVCache:
+    """Keys and values of all layers for the tokens decoded so far.
+
+    Buffers [B, heads, max_len, head_dim] are allocated once on the first update (no
+    concatenation per step), in the dtype the layers produce (bf16 under autocast).
+    """
+
+    def __init__(
+        self,
+        *,
+        n_layer: int,
+        n_head: int,
+        head_dim: int,
+        batch_size: int,
+        max_len: int,
+        device: torch.device,
+    ):
+        self.shape = (batch_size, n_head, max_len, head_dim)
+        self.n_layer = n_layer
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.length = 0
+
+    def prepare(self, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Record the new tokens' padding [B, T]; return their attention mask and positions."""
+        end = self.length + attention_mask.shape[1]
+        if end > self.shape[2]:
+            raise ValueError(f"KV cache holds {self.shape[2]} tokens; {end} requested")
+        self.key_mask[:, self.length : end] = attention_mask
+        return attention_mask_and_positions(self.key_mask[:, :end], self.length)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v [B, H, T, D] at the current offset; return all keys and values so far."""
+        if not self.keys:
+            self.keys = [k.new_zeros(self.shape) for _ in range(self.n_layer)]
+            self.values = [v.new_zeros(self.shape) for _ in range(self.n_layer)]
+        end = self.length + k.shape[2]
+        self.keys[layer][:, :, self.length : end] = k
+        self.values[layer][:, :, self.length : end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, steps: int) -> None:
+        self.length += steps

@@ -1,0 +1,101 @@
+"""collect: comparison data for the reward model, as InstructGPT gathered it.
+
+With `collect.source: policy`, K answers per training prompt are sampled from the SFT policy
+and ranked by simulated labelers (`rlhf.synthetic.collection`); with `files`, comparisons
+imported by `rlhf import` take their place. Either way the comparisons are split by prompt
+into train and held-out sets, so the reward model is scored on prompts it never saw.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rlhf.atomic import write_json
+from rlhf.data.schemas import (
+    COMPARISON_SCHEMA,
+    PROMPT_SCHEMA,
+    RANKED_SCHEMA,
+    SFT_SCHEMA,
+    read_rows,
+    write_rows,
+)
+from rlhf.data.splits import split_comparisons
+from rlhf.stages import paths
+from rlhf.stages.common import progress
+from rlhf.stages.context import StageRun
+from rlhf.stages.specs import StageSpec
+from rlhf.synthetic.collection import comparisons_from_samples, sample_rows
+
+SPEC = StageSpec(
+    "collect",
+    "rlhf.stages.collect",
+    params=("seed", "device", "collect"),
+    inputs=(paths.RAW, paths.PROMPTS_TRAIN, paths.SFT_TRAIN, paths.TOKENIZER, paths.SFT_MODEL),
+    outs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL),
+    metrics=(paths.metrics_file("collect"),),
+)
+
+
+def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
+    c = stage.params.collect
+    prompts = read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)
+    demos: dict[str, str] = {}
+    if c.include_demo:
+        for row in read_rows(paths.SFT_TRAIN, SFT_SCHEMA):
+            demos.setdefault(row["prompt"], row["response"])
+    policy = stage.load_model(paths.SFT_MODEL)
+    started = time.perf_counter()
+    with progress() as bar:
+        task = bar.add_task("collect", total=len(prompts) * (c.k + c.explore), extra=f"K={c.k}")
+        rows, generated = sample_rows(
+            policy, stage.tokenizer, prompts, demos, c, stage.params.seed,
+            on_batch=lambda done: bar.update(task, advance=done),
+        )  # fmt: skip
+    seconds = time.perf_counter() - started
+    all_gold = [g for r in rows for g in r["gold_scores"]]
+    train, val, labeling = comparisons_from_samples(rows, c, stage.params.seed)
+    return (
+        train,
+        val,
+        {
+            "gold_mean_of_samples": round(sum(all_gold) / len(all_gold), 4),
+            "sampling_seconds": round(seconds, 2),
+            "sampling_tokens_per_s": round(generated / seconds),
+            **labeling,
+        },
+    )
+
+
+def imported_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
+    if not paths.RAW_COMPARISONS.exists():
+        raise FileNotFoundError(
+            f"collect.source is 'files' but {paths.RAW_COMPARISONS} does not exist; create it "
+            "with `rlhf import FILE --kind pairwise|hh|ranked` and `dvc add` it"
+        )
+    rows = [{**r, "gold_scores": []} for r in read_rows(paths.RAW_COMPARISONS, RANKED_SCHEMA)]
+    train, val = split_comparisons(rows, stage.params.collect.val_fraction, stage.params.seed)
+    return train, val, {}
+
+
+def run() -> dict[str, Any]:
+    stage = StageRun.start(SPEC)
+    c = stage.params.collect
+    collected = sampled_comparisons if c.source == "policy" else imported_comparisons
+    train, val, stats = collected(stage)
+    write_rows(paths.COMPARISONS_TRAIN, train, COMPARISON_SCHEMA)
+    write_rows(paths.COMPARISONS_VAL, val, COMPARISON_SCHEMA)
+    metrics = {
+        "prompts": len(train) + len(val),
+        "prompts_train": len(train),
+        "prompts_val": len(val),
+        "pairs": sum(len(r["responses"]) * (len(r["responses"]) - 1) // 2 for r in train + val),
+        **stats,
+    }
+    write_json(paths.metrics_file("collect"), metrics)
+    stage.log(f"({c.source}) {metrics}")
+    return metrics
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,61 @@
+"""The skeleton every model stage shares, written once: params, seed, device, tokenizer,
+loading checkpoints and building the payload of a new one (`fitting.py` adds the training loop).
+
+A stage's resume fingerprint covers exactly what DVC keys the stage by (its params groups,
+its inputs and the code it imports, all from its declaration in `specs.py`), so an
+interrupted run resumes only into the run it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhf.data.tokenizer import Tokenizer, load_tokenizer
+from rlhf.models import checkpoint
+from rlhf.models.backbone import Backbone
+from rlhf.params import Params, group_hash
+from rlhf.stages import paths
+from rlhf.stages.common import console, file_digest, params
+from rlhf.stages.imports import code_closure
+from rlhf.stages.specs import StageSpec
+from rlhf.train.device import resolve_device
+
+
+@dataclass
+class StageRun:
+    spec: StageSpec
+    params: Params
+    device: torch.device
+    tokenizer: Tokenizer
+
+    @classmethod
+    def start(cls, declared: StageSpec, item: str | None = None) -> StageRun:
+        """Load and check params, seed torch, pick the device, load the tokenizer; `item` is
+        the element of a foreach stage (the RL algorithm)."""
+        p = params()
+        torch.manual_seed(p.seed)
+        device = resolve_device(p.device)
+        return cls(declared.filled(item), p, device, load_tokenizer(paths.TOKENIZER))
+
+    @property
+    def params_hash(self) -> str:
+        return group_hash(self.params, *self.spec.params)
+
+    def fingerprint(self) -> str:
+        """Params groups, inputs and code, paths relative to the repository root (the
+        working directory of every stage)."""
+        code = code_closure(self.spec.module)
+        return self.params_hash + file_digest(*self.spec.inputs) + file_digest(*code)
+
+    def log(self, text: str) -> None:
+        console.print(f"{self.spec.address}: {text}")
+
+    def load_model(self, path: Path) -> Backbone:
+        return checkpoint.load_model(path, self.tokenizer, self.device)[0]
+
+    def payload(self, model: Backbone, kind: str, **extra: Any) -> dict[str, Any]:
+        return checkpoint.model_payload(model, self.tokenizer, self.params_hash, kind, **extra)

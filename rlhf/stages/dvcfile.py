@@ -1,0 +1,108 @@
+"""dvc.yaml, generated from the stage declarations so that the two cannot drift apart.
+
+Each stage's deps are its code closure (every project file it imports, `imports.py`) followed
+by the data and artifacts it reads; its params, outs, metrics and plots come from `specs.py`.
+`python -m rlhf.stages.dvcfile` (or `rlhf dvc-yaml`) rewrites dvc.yaml; `--check` only
+reports whether the committed file is what the declarations generate.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf.atomic import write_text
+from rlhf.stages.imports import SOURCE_ROOT, code_closure
+from rlhf.stages.specs import ITEM, StageSpec
+
+DVC_FILE = Path("dvc.yaml")
+# every stage module, in pipeline order; each declares its SPEC
+STAGE_MODULES = (
+    "rlhf.stages.prepare",
+    "rlhf.stages.tokenizer",
+    "rlhf.stages.sft",
+    "rlhf.stages.collect",
+    "rlhf.stages.rm",
+    "rlhf.stages.rl",
+    "rlhf.stages.dpo",
+    "rlhf.stages.evaluate",
+)
+HEADER = """\
+# GENERATED from rlhf/stages/specs.py by `rlhf dvc-yaml`: edit the declarations there, not this
+# file (a test fails when the two differ). prepare -> tokenizer -> sft -> collect -> rm -> rl@NAME
+# for every NAME in params.yaml's rl_algorithms, and dpo beside them -> evaluate. Each stage's
+# deps are every project module it imports plus the data it reads, and its params exactly the
+# groups it reads, so `dvc repro` reruns a stage when, and only when, one of those changed.
+"""
+# dvc.yaml's top-level plots, drawn by `dvc plots show`
+TOP_LEVEL_PLOTS: list[dict[str, Any]] = [
+    {
+        "Over-optimization, gold and reward-model score against KL to SFT": {
+            "template": "scatter",
+            "x": "kl_to_sft",
+            "x_label": "KL to the SFT policy (nats per answer)",
+            "y_label": "score (gold 0-1, RM in std units)",
+            "y": {"metrics/eval_overoptimization.csv": ["gold_score", "rm_score"]},
+        }
+    },
+    {
+        "DPO chosen and rejected log-probs per step": {
+            "x": "step",
+            "y": {"metrics/dpo_steps.csv": ["chosen_logp", "rejected_logp"]},
+        }
+    },
+    {
+        "SFT loss per epoch": {
+            "x": "epoch",
+            "y": {"metrics/sft_epochs.csv": ["train_loss", "val_loss"]},
+        }
+    },
+]
+
+
+def declared_stages() -> dict[str, StageSpec]:
+    """Every stage's declaration, by dvc.yaml name, in pipeline order."""
+    specs = [importlib.import_module(module).SPEC for module in STAGE_MODULES]
+    return {spec.name: spec for spec in specs}
+
+
+def stage_entry(spec: StageSpec, root: Path = SOURCE_ROOT) -> dict[str, Any]:
+    """The dvc.yaml definition of one declared stage."""
+    entry: dict[str, Any] = {
+        "cmd": f"python -m {spec.module}" + (f" {ITEM}" if spec.foreach else ""),
+        "deps": [str(p) for p in (*code_closure(spec.module, root), *spec.inputs)],
+        "params": list(spec.params),
+    }
+    if spec.outs:
+        entry["outs"] = [str(p) for p in spec.outs]
+    if spec.metrics:
+        entry["metrics"] = [{str(p): {"cache": False}} for p in spec.metrics]
+    if spec.plots:
+        entry["plots"] = [{str(p.path): {"cache": False, "x": p.x, "y": p.y}} for p in spec.plots]
+    return {"foreach": spec.foreach, "do": entry} if spec.foreach else entry
+
+
+def render(root: Path = SOURCE_ROOT) -> str:
+    stages = {name: stage_entry(spec, root) for name, spec in declared_stages().items()}
+    body = yaml.safe_dump({"stages": stages, "plots": TOP_LEVEL_PLOTS}, sort_keys=False, width=100)
+    return HEADER + body
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if DVC_FILE.exists() and DVC_FILE.read_text() == text:
+            return 0
+        print(f"{DVC_FILE} differs from what rlhf/stages/specs.py generates; run `rlhf dvc-yaml`")
+        return 1
+    write_text(DVC_FILE, text)
+    print(f"wrote {DVC_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

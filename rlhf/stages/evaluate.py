@@ -1,0 +1,137 @@
+"""evaluate: every policy on the held-out prompts, the paper's win-rate table, and the report.
+
+Each policy (SFT, every RL algorithm in `rl_algorithms`, DPO) answers the held-out prompts
+greedily and by sampling; every answer gets its gold score, reward-model score, KL to SFT,
+length and whether it ended. All policies sample with the same seed, so their i-th answers
+share random numbers and the paired win rates compare policies rather than luck. Each RL
+policy's snapshots along training give its over-optimization curve: proxy and gold score
+against KL to SFT.
+
+Writes metrics/eval.json (stable keys for `dvc metrics diff`), the curves as CSV for `dvc
+plots`, and reports/ (eval.md and its figures) in one atomic step. `run()` returns the
+headline numbers as a flat dict for the Prefect flow to publish.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlhf.algorithms.scorers import RewardModelScorer
+from rlhf.atomic import atomic_path, write_csv, write_json
+from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
+from rlhf.eval import report
+from rlhf.eval.gold import has_judge
+from rlhf.eval.policies import ScoredAnswers, score_policy
+from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
+from rlhf.models import checkpoint
+from rlhf.sampling.sampler import SamplingConfig
+from rlhf.stages import paths
+from rlhf.stages.common import console, progress
+from rlhf.stages.context import StageRun
+from rlhf.stages.specs import Plot, StageSpec
+from rlhf.synthetic.tasks import gold_score
+
+TRAINING_CURVES = {"SFT": "sft", "Reward model": "rm", "DPO": "dpo"}  # report title -> stage
+SPEC = StageSpec(
+    "evaluate",
+    "rlhf.stages.evaluate",
+    params=("seed", "device", "evaluate", "rl_algorithms"),
+    # every policy: the artifacts folder holds the tokenizer, SFT, the reward model, DPO and
+    # one folder per RL algorithm, however many rl_algorithms names
+    inputs=(
+        paths.PROMPTS_HELDOUT,
+        paths.ARTIFACTS,
+        *(f(s) for s in TRAINING_CURVES.values() for f in (paths.steps_file, paths.epochs_file)),
+    ),
+    outs=(paths.REPORTS,),
+    metrics=(paths.EVAL_METRICS,),
+    plots=(Plot(paths.EVAL_CURVE, "kl_to_sft", "gold_score"),),
+)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def evaluate_all(
+    stage: StageRun, evaluate: Callable[..., ScoredAnswers], names: list[str]
+) -> tuple[dict[str, dict[str, ScoredAnswers]], dict[str, list[dict[str, Any]]]]:
+    """Every policy's sampled and greedy answers, and each RL policy's over-optimization
+    curve: SFT, then its snapshots along training, then the policy itself."""
+    cfg, algorithms = stage.params.evaluate, stage.params.rl_algorithms
+    sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    greedy = SamplingConfig(max_new_tokens=cfg.max_new_tokens, greedy=True)
+    snapshots = {a: sorted(paths.snapshots_dir(a).glob("step_*.pt")) for a in algorithms}
+    answers: dict[str, dict[str, ScoredAnswers]] = {"sampled": {}, "greedy": {}}
+    sampled, curves, trained_steps = answers["sampled"], {}, {}
+    with progress() as bar:
+        total = 2 * len(names) + sum(len(s) for s in snapshots.values())
+        task = bar.add_task("evaluate", total=total, extra="")
+        for name in names:
+            bar.update(task, extra=name)
+            file = paths.model_file(name)
+            model, payload = checkpoint.load_model(file, stage.tokenizer, stage.device)
+            trained_steps[name] = payload.get("step")
+            sampled[name] = evaluate(model, n=cfg.samples, config=sampling)
+            answers["greedy"][name] = evaluate(model, n=1, config=greedy)
+            bar.advance(task, 2)
+        for algorithm, files in snapshots.items():
+            curve = [curve_point(0, sampled["sft"])]
+            for file in files:
+                bar.update(task, extra=f"{algorithm} {file.stem}")
+                model, payload = checkpoint.load_model(file, stage.tokenizer, stage.device)
+                along = evaluate(model, n=cfg.samples, config=sampling)
+                curve.append(curve_point(payload["step"], along))
+                bar.advance(task)
+            curves[algorithm] = [*curve, curve_point(trained_steps[algorithm], sampled[algorithm])]
+    return answers, curves
+
+
+def run() -> dict[str, float]:
+    stage = StageRun.start(SPEC)
+    p, cfg = stage.params, stage.params.evaluate
+    heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
+    prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
+    synthetic = has_judge(heldout)
+    sft = stage.load_model(paths.SFT_MODEL)
+    scorer = RewardModelScorer.load(paths.RM_MODEL, stage.tokenizer, stage.device)
+    evaluate = functools.partial(
+        score_policy, tokenizer=stage.tokenizer, prompts=prompts, tasks=tasks, reference=sft,
+        scorer=scorer, judge=gold_score if synthetic else None, seed=p.seed,
+        batch_size=cfg.batch_size,
+    )  # fmt: skip
+    answers, curves = evaluate_all(stage, evaluate, ["sft", *p.rl_algorithms, "dpo"])
+    rates = greedy_rates = {}
+    if synthetic:
+        rates = win_rates(answers["sampled"], cfg.bootstrap_resamples, p.seed)
+        greedy_rates = win_rates(answers["greedy"], cfg.bootstrap_resamples, p.seed)
+    metrics = {
+        "prompts": len(prompts),
+        "samples_per_prompt": cfg.samples,
+        "temperature": cfg.temperature,
+        **summarize(answers, rates, greedy_rates),
+    }
+    losses = {
+        title: (read_csv(paths.steps_file(name)), read_csv(paths.epochs_file(name)))
+        for title, name in TRAINING_CURVES.items()
+    }
+    with atomic_path(paths.REPORTS) as staged:
+        report.write(
+            staged, metrics, rates=rates, curves=curves, losses=losses,
+            examples=side_by_side(prompts, tasks, answers, cfg.examples_per_task),
+        )  # fmt: skip
+    write_csv(paths.EVAL_CURVE, [{"policy": a, **pt} for a, c in curves.items() for pt in c])
+    write_json(paths.EVAL_METRICS, metrics)
+    numbers = headline(metrics)
+    shown = [f"{k} {v}" for k, v in numbers.items() if k.startswith(("gold_sampled.", "win_rate."))]
+    console.print(f"evaluate: {', '.join(shown)}; report in {paths.REPORT}")
+    return numbers
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,67 @@
+"""What a stage trained by the shared loop adds to the skeleton: the loop with this stage's
+seed, device, resume file and fingerprint and a progress bar, and publishing its outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlhf.atomic import write_csv, write_json
+from rlhf.models import checkpoint
+from rlhf.models.backbone import Backbone
+from rlhf.params import OptimParams
+from rlhf.stages import paths
+from rlhf.stages.common import progress
+from rlhf.stages.context import StageRun
+from rlhf.train import loop
+
+
+def fit(
+    stage: StageRun,
+    model: Backbone,
+    opt: OptimParams,
+    *,
+    n_examples: int,
+    batch_loss: loop.BatchLoss,
+    evaluate: Callable[[], dict[str, float]],
+    lengths: Sequence[int] | None = None,
+    fresh_extra: Callable[[], dict[str, Any]] = dict,
+    step_stats: Callable[[], dict[str, float]] = dict,
+    status: Callable[[float], str] = lambda loss: f"loss {loss:.3f}",
+    dropout: bool = True,
+) -> loop.History:
+    """`rlhf.train.loop.fit` for this stage, with a progress bar showing `status(loss)`."""
+    with progress() as bar:
+        task = bar.add_task(stage.spec.address, total=None, extra="")
+        return loop.fit(
+            model,
+            opt,
+            seed=stage.params.seed,
+            n_examples=n_examples,
+            batch_loss=batch_loss,
+            evaluate=evaluate,
+            device=stage.device,
+            resume_file=stage.spec.resume_file,
+            fingerprint=stage.fingerprint(),
+            lengths=lengths,
+            fresh_extra=fresh_extra,
+            step_stats=step_stats,
+            on_step=lambda step, total, loss: bar.update(
+                task, completed=step, total=total, extra=status(loss)
+            ),
+            log=stage.log,
+            dropout=dropout,
+        )
+
+
+def publish(
+    stage: StageRun, payload: dict[str, Any], history: loop.History, metrics: dict[str, Any]
+) -> None:
+    """Write a trained stage's outputs, each atomically, and only then drop its resume state:
+    a crash in between resumes and rewrites rather than retraining from scratch."""
+    name = stage.spec.name
+    checkpoint.save(paths.model_file(name), payload)
+    write_csv(paths.steps_file(name), history.steps)
+    write_csv(paths.epochs_file(name), history.epochs)
+    write_json(paths.metrics_file(name), metrics)
+    stage.spec.resume_file.unlink(missing_ok=True)

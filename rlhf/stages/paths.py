@@ -1,0 +1,63 @@
+"""Where every stage reads and writes, relative to the DVC repository root.
+
+A trained stage NAME writes `artifacts/NAME/model.pt` and `metrics/NAME.json` (with
+`metrics/NAME_steps.csv` and, per epoch, `metrics/NAME_epochs.csv`); an RL stage is named
+after its algorithm. `specs.py` says which stage reads and writes which of these.
+"""
+
+from pathlib import Path
+
+PARAMS = Path("params.yaml")
+
+RAW = Path("data/raw")
+RAW_SFT = RAW / "sft.parquet"
+RAW_COMPARISONS = RAW / "comparisons.parquet"
+PREPARED = Path("data/prepared")
+SFT_TRAIN = PREPARED / "sft_train.parquet"
+SFT_VAL = PREPARED / "sft_val.parquet"
+PROMPTS_TRAIN = PREPARED / "prompts_train.parquet"
+PROMPTS_HELDOUT = PREPARED / "prompts_heldout.parquet"
+COLLECTED = Path("data/collected")
+COMPARISONS_TRAIN = COLLECTED / "comparisons_train.parquet"
+COMPARISONS_VAL = COLLECTED / "comparisons_val.parquet"
+
+ARTIFACTS = Path("artifacts")
+TOKENIZER = ARTIFACTS / "tokenizer"
+METRICS = Path("metrics")
+REPORTS = Path("reports")
+REPORT = REPORTS / "eval.md"
+
+# Resume state lives outside every stage's outs: DVC deletes outs before rerunning a stage.
+RESUME = Path(".rlhf/resume")
+
+
+def model_file(stage: str) -> Path:
+    return ARTIFACTS / stage / "model.pt"
+
+
+def metrics_file(stage: str) -> Path:
+    return METRICS / f"{stage}.json"
+
+
+def steps_file(stage: str) -> Path:
+    return METRICS / f"{stage}_steps.csv"
+
+
+def epochs_file(stage: str) -> Path:
+    return METRICS / f"{stage}_epochs.csv"
+
+
+def samples_file(algorithm: str) -> Path:
+    """Sample answers an RL stage logged along training."""
+    return ARTIFACTS / algorithm / "samples.jsonl"
+
+
+def snapshots_dir(algorithm: str) -> Path:
+    """An RL policy every `rl.snapshot_every` iterations, for the over-optimization curve."""
+    return ARTIFACTS / algorithm / "snapshots"
+
+
+SFT_MODEL = model_file("sft")
+RM_MODEL = model_file("rm")
+EVAL_METRICS = metrics_file("eval")
+EVAL_CURVE = METRICS / "eval_overoptimization.csv"

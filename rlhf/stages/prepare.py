@@ -1,0 +1,49 @@
+"""prepare: write the train/validation demonstrations and the train/held-out prompt sets, from
+the synthetic task suite or from the user's imported demonstrations (`data.source`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows, write_rows
+from rlhf.data.splits import split_demonstrations
+from rlhf.stages import paths
+from rlhf.stages.common import console, params
+from rlhf.stages.specs import StageSpec
+from rlhf.synthetic.datasets import synthetic_sets
+
+SPEC = StageSpec(
+    "prepare",
+    "rlhf.stages.prepare",
+    params=("seed", "data"),
+    inputs=(paths.RAW,),
+    outs=(paths.SFT_TRAIN, paths.SFT_VAL, paths.PROMPTS_TRAIN, paths.PROMPTS_HELDOUT),
+)
+
+
+def run() -> dict[str, int]:
+    p = params()
+    if p.data.source == "synthetic":
+        sets = synthetic_sets(p.data, p.seed)
+    else:
+        if not paths.RAW_SFT.exists():
+            raise FileNotFoundError(
+                f"data.source is 'files' but {paths.RAW_SFT} does not exist; create it with "
+                f"`rlhf import YOUR_FILE.jsonl` and track it with `dvc add {paths.RAW_SFT}`"
+            )
+        rows = read_rows(paths.RAW_SFT, SFT_SCHEMA)
+        sets = split_demonstrations(
+            rows, p.data.val_fraction, p.data.heldout_fraction, p.seed, str(paths.RAW_SFT)
+        )
+    write_rows(paths.SFT_TRAIN, sets["train"], SFT_SCHEMA)
+    write_rows(paths.SFT_VAL, sets["val"], SFT_SCHEMA)
+    write_rows(paths.PROMPTS_TRAIN, sets["prompts_train"], PROMPT_SCHEMA)
+    write_rows(paths.PROMPTS_HELDOUT, sets["prompts_heldout"], PROMPT_SCHEMA)
+    counts = {name: len(rows) for name, rows in sets.items()}
+    per_task = Counter(r["task"] for r in sets["prompts_heldout"])
+    console.print(f"prepare ({p.data.source}): {counts}; held-out per task: {dict(per_task)}")
+    return counts
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,205 @@
+"""rl ALGORITHM: optimize the SFT policy with one RL algorithm, then judge it against SFT.
+
+`python -m rlhf.stages.rl ppo` (dvc.yaml runs `rl@NAME` for every name in `rl_algorithms`).
+The algorithm's params group (`ppo`, `grpo`, ...) says how it optimizes; the `rl` group what
+every algorithm shares. Outputs: `artifacts/NAME/` (model, sampled answers, snapshots for the
+over-optimization curve), `metrics/NAME.json`, `metrics/NAME_steps.csv`.
+
+Resume state (policy, critic, optimizers, KL coefficient, step, RNGs, history) is saved every
+`rl.save_every` iterations; a killed run started again continues from there and, on CPU,
+ends with the same numbers as an uninterrupted one. At the end the policy and SFT sample
+held-out prompts with the same seed and the gold judge scores both: the gold score, the win
+rate over SFT and the KL to SFT tell whether RL improved the policy or only the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlhf.algorithms.rl.registry import ALGORITHMS
+from rlhf.algorithms.rl.trainer import Experience, RLTrainer
+from rlhf.algorithms.scorers import make_scorer
+from rlhf.atomic import atomic_path, write_csv, write_json, write_text
+from rlhf.data.chat import encode_example
+from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
+from rlhf.eval.policies import gold_vs_reference
+from rlhf.models import checkpoint
+from rlhf.params import CriticParams
+from rlhf.stages import paths
+from rlhf.stages.common import progress
+from rlhf.stages.context import StageRun
+from rlhf.stages.specs import ITEM, Plot, StageSpec
+
+SAMPLES_LOGGED = 4  # answers of a rollout written to samples.jsonl when samples are due
+SECONDS = ("rollout", "scoring", "update")  # the phases whose time the metrics add up
+
+SPEC = StageSpec(
+    "rl",
+    "rlhf.stages.rl",
+    params=("seed", "device", "rl", ITEM),
+    inputs=(
+        paths.PROMPTS_TRAIN,
+        paths.PROMPTS_HELDOUT,
+        paths.SFT_TRAIN,
+        paths.TOKENIZER,
+        paths.SFT_MODEL,
+        paths.RM_MODEL,
+    ),
+    outs=(paths.model_file(ITEM), paths.samples_file(ITEM), paths.snapshots_dir(ITEM)),
+    metrics=(paths.metrics_file(ITEM),),
+    plots=(Plot(paths.steps_file(ITEM), "step", "score"),),
+    foreach="${rl_algorithms}",
+)
+
+
+def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
+    """Policy and reference from SFT, a critic from the reward model where the algorithm has
+    a separate one, the reward source, and the training prompts."""
+    p, tokenizer = stage.params, stage.tokenizer
+    cfg = p.algorithm(algorithm)
+    critic = None
+    if isinstance(cfg, CriticParams) and cfg.critic == "separate":
+        critic = stage.load_model(paths.RM_MODEL)
+        critic.init_value_head_from_reward_head()
+    scorer = make_scorer(
+        p.rl.reward, tokenizer, stage.device, paths.RM_MODEL, p.rl.ensemble, p.rl.ensemble_reduce
+    )
+    demos = read_rows(paths.SFT_TRAIN, SFT_SCHEMA) if cfg.ptx_coef > 0 else []
+    block = p.model.block_size
+    return RLTrainer(
+        ALGORITHMS[algorithm],
+        cfg,
+        p.rl,
+        policy=stage.load_model(paths.SFT_MODEL),
+        reference=stage.load_model(paths.SFT_MODEL),
+        critic=critic,
+        scorer=scorer,
+        tokenizer=tokenizer,
+        prompts=[r["prompt"] for r in read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)],
+        seed=p.seed,
+        ptx_examples=[encode_example(tokenizer, d["prompt"], d["response"], block) for d in demos],
+    )
+
+
+def logged_samples(step: int, experience: Experience) -> list[dict[str, Any]]:
+    rollout = experience.rollout
+    return [
+        {
+            "step": step,
+            "prompt": rollout.prompts[i],
+            "response": rollout.responses[i],
+            "score": round(float(experience.scores[i]), 4),
+        }
+        for i in range(min(SAMPLES_LOGGED, len(rollout.prompts)))
+    ]
+
+
+def summary(history: list[dict[str, float]], trainer: RLTrainer) -> dict[str, Any]:
+    """The run's final score and KL (the last iterations, smoothed), throughput and time."""
+    last = history[-min(len(history), 5) :]
+
+    def mean(rows: list[dict[str, float]], key: str) -> float:
+        return sum(r[key] for r in rows) / len(rows)
+
+    return {
+        "score": round(mean(last, "score"), 4),
+        "kl": round(mean(last, "kl"), 4),
+        "steps": trainer.step,
+        "rollout_tokens_per_s": round(mean(history, "rollout_tokens_per_s")),
+        "update_tokens_per_s": round(mean(history, "update_tokens_per_s")),
+        **{f"seconds_{k}": round(sum(r[f"{k}_s"] for r in history), 1) for k in SECONDS},
+        "beta": round(trainer.kl_ctl.beta, 6),
+    }
+
+
+def snapshot_staging(stage: StageRun) -> Path:
+    """Where snapshots gather during training: beside the resume state, outside the outs DVC
+    deletes before a rerun, so a resumed run still publishes those taken before it stopped."""
+    return paths.RESUME / f"{stage.spec.item}_snapshots"
+
+
+def policy_payload(stage: StageRun, trainer: RLTrainer) -> dict[str, Any]:
+    return stage.payload(trainer.policy, kind="policy", step=trainer.step, algo=stage.spec.item)
+
+
+def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], list[dict]]:
+    """Iterate to `steps`, resuming from saved state, logging samples and taking snapshots;
+    returns the per-iteration statistics and the logged samples."""
+    shared, steps, staging = stage.params.rl, trainer.cfg.steps, snapshot_staging(stage)
+    fingerprint, resume = stage.fingerprint(), stage.spec.resume_file
+    history: list[dict[str, float]] = []
+    samples: list[dict[str, Any]] = []
+    if (state := checkpoint.load_resume(resume, fingerprint)) is not None:
+        trainer.load_state_dict(state["trainer"])
+        history, samples = state["history"], json.loads(state["samples"])
+        stage.log(f"resuming from iteration {trainer.step} of {steps}")
+    else:
+        shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True, exist_ok=True)
+    with progress() as bar:
+        task = bar.add_task(stage.spec.address, total=steps, completed=trainer.step, extra="")
+        while trainer.step < steps:
+            stats, experience = trainer.iteration()
+            history.append(stats)
+            step, more = trainer.step, trainer.step < steps
+            if step % shared.log_samples_every == 0 or step == 1:
+                samples += logged_samples(step, experience)
+                for s in samples[-SAMPLES_LOGGED:]:
+                    stage.log(f"[{s['score']:+.2f}] {s['prompt']!r} -> {s['response']!r}")
+            bar.update(task, completed=step, extra=f"score {stats['score']:+.3f} kl "
+                       f"{stats['kl']:.3f} beta {stats['beta']:.3f}")  # fmt: skip
+            if more and shared.snapshot_every and step % shared.snapshot_every == 0:
+                checkpoint.save(staging / f"step_{step:05d}.pt", policy_payload(stage, trainer))
+            if more and step % shared.save_every == 0:
+                state = {"trainer": trainer.state_dict(), "history": history,
+                         "samples": json.dumps(samples)}  # fmt: skip
+                checkpoint.save_resume(resume, fingerprint, state)
+    return history, samples
+
+
+def publish(
+    stage: StageRun,
+    trainer: RLTrainer,
+    history: list[dict[str, float]],
+    samples: list[dict[str, Any]],
+    metrics: dict[str, Any],
+) -> None:
+    """Write every output, each atomically, and only then drop the resume state and the
+    snapshot staging folder."""
+    algorithm, staging = stage.spec.item, snapshot_staging(stage)
+    assert algorithm is not None
+    checkpoint.save(paths.model_file(algorithm), policy_payload(stage, trainer))
+    with atomic_path(paths.snapshots_dir(algorithm)) as staged:
+        shutil.copytree(staging, staged)
+    write_csv(paths.steps_file(algorithm), history)
+    write_text(paths.samples_file(algorithm), "".join(json.dumps(s) + "\n" for s in samples))
+    write_json(paths.metrics_file(algorithm), metrics)
+    stage.spec.resume_file.unlink(missing_ok=True)
+    shutil.rmtree(staging)
+
+
+def run(algorithm: str) -> dict[str, Any]:
+    stage = StageRun.start(SPEC, algorithm)
+    p, shared = stage.params, stage.params.rl
+    trainer = build_trainer(stage, algorithm)
+    history, samples = train(stage, trainer)
+    heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
+    metrics = summary(history, trainer) | gold_vs_reference(
+        trainer.policy, trainer.reference, stage.tokenizer, heldout, samples=shared.eval_samples,
+        max_new_tokens=shared.max_new_tokens, seed=p.seed, batch_size=shared.eval_batch_size,
+    )  # fmt: skip
+    publish(stage, trainer, history, samples, metrics)
+    stage.log(
+        f"gold sampled {metrics['gold_sampled']} (SFT {metrics['gold_sampled_sft']}), win rate "
+        f"vs SFT {metrics['win_rate_vs_sft']}, KL to SFT {metrics['kl_to_sft']}, score "
+        f"{metrics['score']}, {metrics['rollout_tokens_per_s']} rollout tokens/s"
+    )
+    return metrics
+
+
+if __name__ == "__main__":
+    run(sys.argv[1])

@@ -1,0 +1,83 @@
+"""How a stage is declared: its command, params groups, inputs and outputs, said once.
+
+Each stage module declares its `SPEC`; dvc.yaml is generated from those declarations
+(`dvcfile.py`), with each stage's code dependencies computed from its imports (`imports.py`),
+and a stage's resume fingerprint covers the same params, inputs and code, so a resume never
+mixes runs that DVC would tell apart. The RL stage is one declaration run once per name in
+`rl_algorithms` (DVC's foreach): its paths and params hold `${item}`, which DVC fills in, and
+`StageSpec.filled(name)` here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rlhf.stages import paths
+
+ITEM = "${item}"  # DVC's placeholder for the element of a foreach stage
+
+
+@dataclass(frozen=True)
+class Plot:
+    path: Path
+    x: str
+    y: str
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str  # the stage name in dvc.yaml (`rl` is the foreach group `rl@ppo`, ...)
+    module: str  # run as `python -m module [item]`
+    params: tuple[str, ...]  # params.yaml groups it reads
+    inputs: tuple[Path, ...]  # data and artifacts it reads
+    outs: tuple[Path, ...] = ()
+    metrics: tuple[Path, ...] = ()
+    plots: tuple[Plot, ...] = ()
+    foreach: str | None = None  # params list the stage runs once per element of
+    item: str | None = None  # that element, once filled in
+
+    @property
+    def address(self) -> str:
+        """How DVC names it: `sft`, or `rl@ppo` for an element of a foreach stage."""
+        return f"{self.name}@{self.item}" if self.item else self.name
+
+    @property
+    def resume_file(self) -> Path:
+        return paths.RESUME / f"{self.item or self.name}.pt"
+
+    def filled(self, item: str | None) -> StageSpec:
+        """This stage as it runs: for a foreach stage, element `item` with every `${item}`
+        filled in."""
+        if (self.foreach is None) != (item is None):
+            raise ValueError(
+                f"stage {self.name} {'needs an' if item is None else 'takes no'} element"
+            )
+        if item is None:
+            return self
+        return replace(
+            self,
+            params=tuple(p.replace(ITEM, item) for p in self.params),
+            inputs=tuple(_fill(p, item) for p in self.inputs),
+            outs=tuple(_fill(p, item) for p in self.outs),
+            metrics=tuple(_fill(p, item) for p in self.metrics),
+            plots=tuple(replace(p, path=_fill(p.path, item)) for p in self.plots),
+            item=item,
+        )
+
+
+def trained_outputs(name: str) -> dict[str, tuple]:
+    """Outputs of a stage trained by the shared loop: model, metrics, per-step and per-epoch
+    loss curves (StageSpec keyword arguments)."""
+    return {
+        "outs": (paths.model_file(name),),
+        "metrics": (paths.metrics_file(name),),
+        "plots": (
+            Plot(paths.steps_file(name), "step", "train_loss"),
+            Plot(paths.epochs_file(name), "epoch", "val_loss"),
+        ),
+    }
+
+
+def _fill(path: Path, item: str) -> Path:
+    return Path(str(path).replace(ITEM, item))

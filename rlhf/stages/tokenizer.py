@@ -1,0 +1,42 @@
+"""tokenizer: build the tokenizer from the training texts (prompts and responses)."""
+
+from __future__ import annotations
+
+import time
+
+from rlhf.data.schemas import SFT_SCHEMA, read_rows
+from rlhf.data.tokenizer import save_tokenizer
+from rlhf.stages import paths
+from rlhf.stages.common import console, params
+from rlhf.stages.specs import StageSpec
+
+SPEC = StageSpec(
+    "tokenizer",
+    "rlhf.stages.tokenizer",
+    params=("tokenizer",),
+    inputs=(paths.SFT_TRAIN,),
+    outs=(paths.TOKENIZER,),
+)
+
+
+def run() -> dict[str, object]:
+    p = params().tokenizer
+    started = time.perf_counter()
+    texts = [
+        text
+        for row in read_rows(paths.SFT_TRAIN, SFT_SCHEMA)
+        for text in (row["prompt"], row["response"])
+    ]
+    tokenizer = save_tokenizer(
+        paths.TOKENIZER, p.kind, texts=texts, vocab_size=p.vocab_size, encoding=p.encoding
+    )
+    seconds = time.perf_counter() - started
+    console.print(
+        f"tokenizer ({p.kind}): vocabulary {tokenizer.vocab_size} tokens, "
+        f"identity {tokenizer.identity}, {seconds:.1f}s"
+    )
+    return {"vocab_size": tokenizer.vocab_size, "identity": tokenizer.identity}
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,145 @@
+"""Comparison data as InstructGPT gathered it, with the gold judge plus noise as labelers.
+
+For each training prompt, K responses are sampled from the SFT policy and ranked by simulated
+labelers (`labelers.py`). Training prompts also get answers sampled for sibling prompts of the
+same task and answers sampled at a high temperature: the near-misses and the degenerate
+answers a policy under optimization finds, which a reward model must have seen to score low.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlhf.data.splits import split_comparisons
+from rlhf.data.tokenizer import Tokenizer
+from rlhf.models.backbone import Backbone
+from rlhf.params import CollectParams
+from rlhf.sampling.generate import generate_texts
+from rlhf.sampling.sampler import SamplingConfig
+from rlhf.synthetic.labelers import disagreement, noise_scale, rank_with_noise
+from rlhf.synthetic.tasks import gold_score
+
+Rows = list[dict[str, Any]]
+
+
+def sample_rows(
+    policy: Backbone,
+    tokenizer: Tokenizer,
+    prompt_rows: Sequence[dict[str, Any]],
+    demos: dict[str, str],
+    c: CollectParams,
+    seed: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> tuple[Rows, int]:
+    """Rows of K gold-scored samples per prompt (plus the prompt's demonstration where
+    `demos` has one), and the tokens generated.
+
+    Each row also carries `explore`: `c.explore` answers sampled at `c.explore_temperature`,
+    which `comparisons_from_samples` adds to training rows only.
+    """
+    generator = torch.Generator(next(policy.parameters()).device).manual_seed(seed)
+
+    def sample(n: int, temperature: float) -> list[str]:
+        return generate_texts(
+            policy,
+            tokenizer,
+            [row["prompt"] for row in prompt_rows for _ in range(n)],
+            SamplingConfig(max_new_tokens=c.max_new_tokens, temperature=temperature, top_p=c.top_p),
+            batch_size=c.batch_size,
+            generator=generator,
+            on_batch=on_batch,
+        )
+
+    samples = sample(c.k, c.temperature)
+    explored = sample(c.explore, c.explore_temperature) if c.explore else []
+    rows: Rows = []
+    for index, prompt_row in enumerate(prompt_rows):
+        prompt = prompt_row["prompt"]
+        responses = samples[index * c.k :][: c.k] + ([demos[prompt]] if prompt in demos else [])
+        rows.append(
+            {
+                "prompt": prompt,
+                "responses": responses,
+                "task": prompt_row["task"],
+                "source": "sft-samples" + ("+demo" if prompt in demos else ""),
+                "gold_scores": [gold_score(prompt, r) for r in responses],
+                "explore": explored[index * c.explore :][: c.explore],
+            }
+        )
+    generated = sum(len(tokenizer.encode(s)) + 1 for s in samples + explored)
+    return rows, generated
+
+
+def with_answers(row: dict[str, Any], answers: list[str], source: str) -> dict[str, Any]:
+    """The row with extra candidate answers, each scored by the judge."""
+    if not answers:
+        return row
+    return {
+        **row,
+        "responses": row["responses"] + answers,
+        "gold_scores": row["gold_scores"] + [gold_score(row["prompt"], x) for x in answers],
+        "source": f"{row['source']}+{source}",
+    }
+
+
+def with_mismatched(rows: Rows, n: int, seed: int) -> Rows:
+    """Each row plus `n` answers sampled for other prompts of its task, scored by the judge.
+
+    Answers to a sibling prompt look exactly like good answers and differ only in fitting the
+    prompt, so ranking them teaches the reward model to read the prompt. A sibling's answer that
+    happens to fit (a refusal is a refusal) is scored as such: these are candidates, not
+    negatives by decree.
+    """
+    if n == 0:
+        return rows
+    rng = random.Random(seed)
+    by_task: dict[str, Rows] = {}
+    for row in rows:
+        by_task.setdefault(row["task"], []).append(row)
+    out = []
+    for row in rows:
+        siblings = [r for r in by_task[row["task"]] if r["prompt"] != row["prompt"]]
+        extra = (
+            [rng.choice(rng.choice(siblings)["responses"]) for _ in range(n)] if siblings else []
+        )
+        out.append(with_answers(row, extra, "mismatched"))
+    return out
+
+
+def label(rows: Rows, sampled: list[int], c: CollectParams, seed: int) -> dict[str, float]:
+    """Rank every row with one labeler noise level, calibrated on the sampled answers alone
+    (`sampled[i]`: how many of row i's responses were sampled for its own prompt).
+
+    Noise is a property of the labelers: mismatched answers are easy calls and would otherwise
+    inflate the noise needed to reach `label_noise` over all pairs.
+    """
+    own = [r["gold_scores"][:n] for r, n in zip(rows, sampled, strict=True)]
+    scale = noise_scale(own, c.label_noise, seed)
+    labels = rank_with_noise([r["gold_scores"] for r in rows], scale, seed)
+    for row, ranks in zip(rows, labels.ranks, strict=True):
+        row["ranks"] = ranks
+    flips, ties = disagreement(own, [r["ranks"][:n] for r, n in zip(rows, sampled, strict=True)])
+    return {
+        "label_flip_share": flips,
+        "label_flip_share_with_mismatched": labels.flip_share,
+        "gold_tie_share": ties,
+        "label_noise_scale": labels.noise_scale,
+    }
+
+
+def comparisons_from_samples(
+    rows: Rows, c: CollectParams, seed: int
+) -> tuple[Rows, Rows, dict[str, float]]:
+    """Split sampled rows by prompt, add mismatched and explored answers to the training side,
+    and rank both sides: (train, held-out, labeling statistics)."""
+    train, val = split_comparisons(rows, c.val_fraction, seed)
+    sampled = [len(r["responses"]) for r in train + val]
+    train = with_mismatched(train, c.mismatched, seed)
+    train = [with_answers(r, r["explore"], "explore") for r in train]
+    for row in train + val:
+        del row["explore"]
+    return train, val, label(train + val, sampled, c, seed)

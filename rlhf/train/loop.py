@@ -1,0 +1,188 @@
+"""The resumable training loop that SFT, the reward model and DPO share.
+
+Every `save_every` steps the model, optimizer, RNG, step and history go to a resume file. The
+batch order of each epoch is a pure function of (seed, epoch), so a run resumed from that file
+continues exactly where the interrupted one was and ends with the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlhf.models import checkpoint
+from rlhf.models.backbone import Backbone
+from rlhf.params import OptimParams
+from rlhf.train.device import autocast, rng_state, set_rng_state
+from rlhf.train.optim import adamw, lr_at, set_lr
+
+# (example indices) -> (loss, tokens processed)
+BatchLoss = Callable[[list[int]], tuple[Tensor, int]]
+
+
+@dataclass
+class History:
+    steps: list[dict[str, float]] = field(default_factory=list)
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # what the stage keeps across a resume
+    tokens: int = 0  # processed in this process (throughput), not restored on resume
+    seconds: float = 0.0
+    resumed_from: int = 0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return round(self.tokens / self.seconds) if self.seconds else None
+
+
+# Batches are cut from windows of this many batches sorted by length: enough to make batches
+# nearly pad-free, few enough that each epoch still mixes the whole set.
+BUCKET_WINDOW = 50
+
+
+def batch_order(
+    n_examples: int,
+    seed: int,
+    epoch: int,
+    lengths: Sequence[int] | None = None,
+    batch_size: int = 1,
+) -> list[int]:
+    """A seeded shuffle of the examples; with `lengths`, batches of similar length.
+
+    Short answers padded to the longest ramble in a random batch waste over half of every
+    forward pass. Bucketing sorts shuffled windows by length, cuts them into batches and
+    shuffles the batches; the last, partial batch stays last so every slice of `batch_size`
+    is one batch. A pure function of (seed, epoch), so a resumed run sees the same batches.
+    """
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(n_examples, generator=generator).tolist()
+    if lengths is None:
+        return order
+    window = batch_size * BUCKET_WINDOW
+    order = [
+        i
+        for start in range(0, n_examples, window)
+        for i in sorted(order[start : start + window], key=lambda i: lengths[i])
+    ]
+    n_full = n_examples // batch_size
+    batches = [order[b * batch_size : (b + 1) * batch_size] for b in range(n_full)]
+    shuffled = [batches[b] for b in torch.randperm(n_full, generator=generator).tolist()]
+    return [i for batch in shuffled for i in batch] + order[n_full * batch_size :]
+
+
+def fit(
+    model: Backbone,
+    opt: OptimParams,
+    *,
+    seed: int,
+    n_examples: int,
+    batch_loss: BatchLoss,
+    evaluate: Callable[[], dict[str, float]],
+    device: torch.device,
+    resume_file: Path,
+    fingerprint: str,
+    lengths: Sequence[int] | None = None,
+    fresh_extra: Callable[[], dict[str, Any]] = dict,
+    step_stats: Callable[[], dict[str, float]] = dict,
+    on_step: Callable[[int, int, float], None] = lambda step, total, loss: None,
+    log: Callable[[str], None] = print,
+    dropout: bool = True,
+) -> History:
+    """Train for `opt.epochs` epochs over `n_examples`; `evaluate` runs after each epoch.
+
+    `lengths` (tokens per example) turns on length-bucketed batches (`batch_order`).
+    `fresh_extra` is called only on a fresh start (an untrained baseline, say); on resume its
+    saved value comes back in `History.extra`. `step_stats` returns what the last batch
+    measured besides its loss (DPO's implicit-reward accuracy, say) for that step's row.
+    `dropout` False trains in eval mode: DPO's log-ratios to a reference computed without
+    dropout must start at exactly zero, not at the noise dropout adds.
+    """
+    optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
+    steps_per_epoch = math.ceil(n_examples / opt.batch_size)
+    total = opt.epochs * steps_per_epoch
+    history = History()
+    state = checkpoint.load_resume(resume_file, fingerprint)
+    if state is None:
+        model.eval()
+        with torch.no_grad():
+            history.extra = fresh_extra()
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        history.steps, history.epochs, history.extra = (
+            state["steps"],
+            state["epochs"],
+            state["extra"],
+        )
+        history.resumed_from = state["step"]
+        log(f"resuming from step {history.resumed_from} of {total}")
+
+    model.train(dropout)
+    order: list[int] = []
+    for step in range(history.resumed_from, total):
+        epoch, index = divmod(step, steps_per_epoch)
+        if index == 0 or not order:
+            order = batch_order(n_examples, seed, epoch, lengths, opt.batch_size)
+        started = time.perf_counter()
+        lr = lr_at(step, opt.lr, opt.warmup_steps, total, opt.min_lr_ratio)
+        set_lr(optimizer, lr)
+        with autocast(device, opt.bf16):
+            loss, tokens = batch_loss(order[index * opt.batch_size :][: opt.batch_size])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if opt.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
+        optimizer.step()
+        history.seconds += time.perf_counter() - started
+        history.tokens += tokens
+        history.steps.append(
+            {
+                "step": step + 1,
+                "epoch": epoch + 1,
+                "lr": lr,
+                "train_loss": loss.item(),
+                **step_stats(),
+            }
+        )
+
+        if index == steps_per_epoch - 1:
+            epoch_losses = [r["train_loss"] for r in history.steps if r["epoch"] == epoch + 1]
+            model.eval()
+            with torch.no_grad():
+                scores = evaluate()
+            model.train(dropout)
+            history.epochs.append(
+                {
+                    "epoch": epoch + 1,
+                    "train_loss": sum(epoch_losses) / len(epoch_losses),
+                    **scores,
+                }
+            )
+            log(
+                f"epoch {epoch + 1}/{opt.epochs}: "
+                + ", ".join(f"{k} {v:.4f}" for k, v in history.epochs[-1].items() if k != "epoch")
+            )
+        if (step + 1) % opt.save_every == 0 and step + 1 < total:
+            checkpoint.save_resume(
+                resume_file,
+                fingerprint,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "rng": rng_state(),
+                    "step": step + 1,
+                    "steps": history.steps,
+                    "epochs": history.epochs,
+                    "extra": history.extra,
+                },
+            )
+        on_step(step + 1, total, loss.item())
+    model.eval()
+    return history

@@ -1,1 +1,0 @@
-"""Pipeline stages: each reads params and inputs, calls `rlhf`, writes outputs atomically."""

@@ -1,0 +1,47 @@
+"""The layers stay in their order: library -> stages -> flows and the CLI, never back."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from rlhf.stages.imports import imported_modules
+
+from conftest import REPO
+
+APPLICATION = ("rlhf.stages", "rlhf.flows", "rlhf.cli")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for file in sorted((REPO / "rlhf").rglob("*.py")):
+        parts = file.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = file
+    return found
+
+
+def layer(module: str) -> int:
+    """0: the library, 1: stages, 2: flows and the CLI."""
+    if module.startswith("rlhf.stages"):
+        return 1
+    return 2 if module.startswith(("rlhf.flows", "rlhf.cli")) else 0
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_no_module_imports_from_a_layer_above_it(module):
+    file = modules()[module]
+    above = {
+        name
+        for name in imported_modules(file, module)
+        if name.startswith(APPLICATION) and layer(name) > layer(module)
+    }
+    assert not above, f"{module} (layer {layer(module)}) imports {sorted(above)}"
+
+
+def test_stages_are_thin_io_around_library_calls():
+    """Each stage's run() is a few dozen lines; the algorithms' math lives in the library."""
+    for file in sorted((REPO / "rlhf" / "stages").glob("*.py")):
+        for node in ast.parse(file.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "run":
+                assert node.end_lineno - node.lineno < 55, f"{file.name}: run() is long"
