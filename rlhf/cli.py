@@ -1,8 +1,14 @@
-"""The `rlhf` command: every stage, plus the tools users reach for between runs."""
+"""The `rlhf` command: every stage, plus the tools users reach for between runs.
+
+Every command reports a failure the user can fix as one `error:` line and exit status 2
+(`rlhf.stages.entry`); `rlhf --debug COMMAND` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from enum import Enum
@@ -16,15 +22,17 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from rlhf.algorithms.reward_model import score as score_responses
-from rlhf.data.importers import IMPORTERS, import_sft
-from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, DataError, write_rows
+from rlhf.data.importers import IMPORTERS, import_sft, read_lines
+from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
 from rlhf.data.tokenizer import load_tokenizer
+from rlhf.errors import CheckpointError, OutputError
 from rlhf.models import checkpoint
-from rlhf.params import RL_ALGORITHMS, ParamsError, describe
+from rlhf.params import RL_ALGORITHMS, describe
 from rlhf.sampling.generate import generate_texts
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
+from rlhf.stages.entry import DEBUG_ENV, report_errors
 from rlhf.train.device import resolve_device
 
 
@@ -43,55 +51,72 @@ app = typer.Typer(
 )
 
 
-def _run_stage(run: Callable[[], object]) -> None:
-    try:
-        run()
-    except (ParamsError, DataError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+@app.callback()
+def options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help=f"Show tracebacks (as {DEBUG_ENV}=1 does).")
+    ] = False,
+) -> None:
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
-@app.command()
+def command(name: str | None = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """`app.command`, with a failure the user can fix reported as one line, exit status 2."""
+
+    def register(function: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(function)
+        def guarded(*args: object, **kwargs: object) -> None:
+            status = report_errors(lambda: function(*args, **kwargs))
+            if status:
+                raise typer.Exit(status)
+
+        return app.command(name)(guarded)
+
+    return register
+
+
+@command()
 def prepare() -> None:
     """Write the train/validation/held-out Parquet sets (stage `prepare`)."""
     from rlhf.stages import prepare as stage
 
-    _run_stage(stage.run)
+    stage.run()
 
 
-@app.command()
+@command()
 def tokenizer() -> None:
     """Train or build the tokenizer (stage `tokenizer`)."""
     from rlhf.stages import tokenizer as stage
 
-    _run_stage(stage.run)
+    stage.run()
 
 
-@app.command()
+@command()
 def sft() -> None:
     """Supervised fine-tuning on the demonstrations (stage `sft`); resumes if interrupted."""
     from rlhf.stages import sft as stage
 
-    _run_stage(stage.run)
+    stage.run()
 
 
-@app.command()
+@command()
 def collect() -> None:
     """Sample K answers per prompt from the SFT policy and rank them (stage `collect`)."""
     from rlhf.stages import collect as stage
 
-    _run_stage(stage.run)
+    stage.run()
 
 
-@app.command()
+@command()
 def rm() -> None:
     """Train the reward model on the ranked comparisons (stage `rm`)."""
     from rlhf.stages import rm as stage
 
-    _run_stage(stage.run)
+    stage.run()
 
 
-@app.command()
+@command()
 def rl(
     algorithm: Annotated[
         str, typer.Argument(help=f"One of {', '.join(RL_ALGORITHMS)}; its params group in "
@@ -101,29 +126,27 @@ def rl(
     """Optimize the SFT policy with an RL algorithm (stage `rl@ALGORITHM`); resumes."""
     from rlhf.stages import rl as stage
 
-    if algorithm not in RL_ALGORITHMS:
-        raise typer.BadParameter(f"{algorithm!r} is not one of {', '.join(RL_ALGORITHMS)}")
-    _run_stage(lambda: stage.run(algorithm))
+    stage.run(algorithm)
 
 
-@app.command()
+@command()
 def dpo() -> None:
     """Direct preference optimization of the SFT policy on the comparisons (stage `dpo`)."""
     from rlhf.stages import dpo as stage
 
-    _run_stage(stage.run)
+    stage.run()
 
 
-@app.command()
+@command()
 def evaluate() -> None:
     """Every policy on the held-out prompts: win rates, over-optimization, the report (stage
     `evaluate`)."""
     from rlhf.stages import evaluate as stage
 
-    _run_stage(stage.run)
+    stage.run()
 
 
-@app.command("dvc-yaml")
+@command("dvc-yaml")
 def dvc_yaml(
     check: Annotated[
         bool, typer.Option("--check", help="Only report whether dvc.yaml is up to date.")
@@ -135,7 +158,7 @@ def dvc_yaml(
     raise typer.Exit(dvcfile.main(["--check"] if check else []))
 
 
-@app.command()
+@command()
 def report(
     open_report: Annotated[
         bool, typer.Option("--open", help="Print the report's path and open it in a viewer.")
@@ -144,10 +167,7 @@ def report(
     """Show the evaluation report (reports/eval.md) that `dvc repro` or `rlhf evaluate` wrote."""
     path = paths.REPORT.resolve()
     if not path.exists():
-        console.print(
-            f"[red]error:[/red] no report at {path}; run `dvc repro evaluate` (or `rlhf evaluate`)"
-        )
-        raise typer.Exit(2)
+        raise OutputError(f"no report at {path}; run `dvc repro evaluate` (or `rlhf evaluate`)")
     if open_report:
         typer.echo(path)
         typer.launch(str(path))
@@ -155,7 +175,7 @@ def report(
     Console().print(Markdown(path.read_text()))
 
 
-@app.command("run")
+@command("run")
 def run_pipeline(
     target: Annotated[
         str, typer.Option(help="Last stage to run; the stages it depends on run first.")
@@ -192,7 +212,7 @@ def run_pipeline(
         raise typer.Exit(1)
 
 
-@app.command()
+@command()
 def deploy(
     name: Annotated[
         list[str] | None,
@@ -204,7 +224,7 @@ def deploy(
     raise typer.Exit(subprocess.call(["prefect", "--no-prompt", "deploy", *selected]))
 
 
-@app.command()
+@command()
 def generate(
     checkpoint_path: Annotated[Path, typer.Argument(help="Policy checkpoint (.pt).")] = (
         paths.SFT_MODEL
@@ -225,12 +245,17 @@ def generate(
     """Answer prompts with a checkpoint: batched, with the KV cache."""
     prompts = list(prompt or [])
     if file is not None:
-        prompts += [line for line in file.read_text().splitlines() if line.strip()]
+        prompts += [line for line in read_lines(file) if line.strip()]
     if not prompts:
         raise typer.BadParameter("give --prompt or --file")
     target = resolve_device(device)
     tok = load_tokenizer(tokenizer_dir)
     model, _ = checkpoint.load_model(checkpoint_path, tok, target)
+    if max_new_tokens >= model.max_seq_len:
+        raise typer.BadParameter(
+            f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
+            f"context of {model.max_seq_len} tokens"
+        )
     config = SamplingConfig(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -260,7 +285,7 @@ def generate(
     console.print(table)
 
 
-@app.command("import")
+@command("import")
 def import_data(
     source: Annotated[Path, typer.Argument(help="A .jsonl or .parquet file.")],
     kind: Annotated[
@@ -272,18 +297,21 @@ def import_data(
     ] = ImportKind.sft,
     out: Annotated[
         Path | None,
-        typer.Option(help="Default: data/raw/sft.parquet, or data/raw/comparisons.parquet."),
+        typer.Option(
+            help="A .parquet file, or a folder to write the default file name into. Default: "
+            "data/raw/sft.parquet, or data/raw/comparisons.parquet."
+        ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the output file if it exists.")
+    ] = False,
 ) -> None:
     """Validate your own data row by row and write it where the pipeline reads it."""
     is_sft = kind is ImportKind.sft
-    target = out or (paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS)
-    try:
-        rows = IMPORTERS[kind.value](source)
-        write_rows(target, rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
-    except DataError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+    default = paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS
+    target = import_target(out, default, force)
+    rows = IMPORTERS[kind.value](source)
+    write_rows(target, rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
     setting = "data.source: files" if is_sft else "collect.source: files"
     console.print(
         f"imported {len(rows)} rows into {target}; track it with `dvc add {target}` and set "
@@ -291,7 +319,20 @@ def import_data(
     )
 
 
-@app.command()
+def import_target(out: Path | None, default: Path, force: bool) -> Path:
+    """Where `rlhf import` writes: inside `out` if it is a folder (never replacing it), and
+    over an existing file only with --force."""
+    target = default if out is None else out / default.name if out.is_dir() else out
+    if target.is_dir():
+        raise OutputError(f"{target} is a folder; name a .parquet file to write")
+    if target.suffix != ".parquet":
+        raise OutputError(f"{target}: the output must be a .parquet file")
+    if target.exists() and not force:
+        raise OutputError(f"{target} exists; pass --force to replace it")
+    return target
+
+
+@command()
 def score(
     checkpoint_path: Annotated[Path, typer.Argument(help="Reward checkpoint (.pt).")] = (
         paths.RM_MODEL
@@ -312,11 +353,7 @@ def score(
     if len(prompts) != len(responses):
         raise typer.BadParameter(f"{len(prompts)} --prompt but {len(responses)} --response")
     if file is not None:
-        try:
-            rows = import_sft(file)
-        except DataError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from exc
+        rows = import_sft(file)
         prompts += [r["prompt"] for r in rows]
         responses += [r["response"] for r in rows]
     if not prompts:
@@ -324,7 +361,9 @@ def score(
     tok = load_tokenizer(tokenizer_dir)
     model, payload = checkpoint.load_model(checkpoint_path, tok, resolve_device(device))
     if payload["kind"] != "reward":
-        raise typer.BadParameter(f"{checkpoint_path} is a {payload['kind']} checkpoint")
+        raise CheckpointError(
+            f"{checkpoint_path} is a {payload['kind']} checkpoint, not a reward model"
+        )
     rewards = score_responses(model, tok, prompts, responses, pooling=payload["pooling"]).tolist()
     std = payload["reward_std"] or 1.0
     if as_json:
@@ -338,7 +377,7 @@ def score(
     console.print(table)
 
 
-@app.command("params")
+@command("params")
 def show_params() -> None:
     """List every hyperparameter with its default and what it does."""
     table = Table("key", "default", "meaning")

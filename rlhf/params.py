@@ -12,6 +12,8 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +21,19 @@ from typing import Any, Literal
 
 import yaml
 
+from rlhf.errors import PipelineError
 
-class ParamsError(ValueError):
+# The largest seed: what every random-number generator the pipeline seeds accepts, with room
+# for the offsets derived from it (seed * 100_003 + epoch must stay a 64-bit integer).
+MAX_SEED = 2**32 - 1
+# The bound on every int field that names no tighter one: int32, the range torch's index
+# arithmetic and every size here stay within.
+MAX_INT = 2**31 - 1
+# A number as YAML 1.1 (PyYAML) fails to read one: `1e-3` or `5E4`, without a dot, is text.
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+class ParamsError(PipelineError, ValueError):
     """A params file that does not match the schema."""
 
 
@@ -391,7 +404,9 @@ class EvaluateParams:
 
 @dataclass(frozen=True)
 class Params:
-    seed: int = spec(1234, "Seed for data generation, initialization and sampling.", ge=0)
+    seed: int = spec(
+        1234, "Seed for data generation, initialization and sampling.", ge=0, le=MAX_SEED
+    )
     device: Literal["auto", "cpu", "cuda"] = spec(
         "auto", "`auto` picks CUDA when available, else CPU."
     )
@@ -426,6 +441,15 @@ class Params:
         """The params group of RL algorithm `name`."""
         return getattr(self, name)
 
+    def answer_lengths(self) -> dict[str, int]:
+        """Every answer-length cap by key: each must leave room for a prompt in the context."""
+        return {
+            "sft.eval_max_new_tokens": self.sft.eval_max_new_tokens,
+            "collect.max_new_tokens": self.collect.max_new_tokens,
+            "rl.max_new_tokens": self.rl.max_new_tokens,
+            "evaluate.max_new_tokens": self.evaluate.max_new_tokens,
+        }
+
     def __post_init__(self) -> None:
         if self.model.n_embd % self.model.n_head:
             raise ParamsError(
@@ -444,6 +468,12 @@ class Params:
                 f"rl_algorithms = {list(self.rl_algorithms)!r} must list distinct names of "
                 f"{', '.join(RL_ALGORITHMS)}"
             )
+        for key, length in self.answer_lengths().items():
+            if length >= self.model.block_size:
+                raise ParamsError(
+                    f"{key} = {length} leaves no room for a prompt in model.block_size = "
+                    f"{self.model.block_size} tokens: it must be smaller than that"
+                )
         unknown = sorted(set(self.data.tasks) - set(TASK_FAMILIES))
         if unknown or not self.data.tasks:
             raise ParamsError(
@@ -458,6 +488,20 @@ def _describe_type(hint: Any) -> str:
     if typing.get_origin(hint) is tuple:
         return f"a list of {typing.get_args(hint)[0].__name__}"
     return hint.__name__
+
+
+def _as_number(value: Any, hint: Any) -> Any:
+    """What a user meant by a number YAML read otherwise: `1` for a float field, and `1e-3`
+    (text to PyYAML, which wants `1.0e-3`) for a float or, when whole, an int field."""
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (float, int) and isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value):
+        number = float(value)
+        if hint is float:
+            return number
+        if number.is_integer():
+            return int(number)
+    return value
 
 
 def _check_value(key: str, value: Any, hint: Any, meta: dict[str, Any], source: str) -> Any:
@@ -476,11 +520,13 @@ def _check_value(key: str, value: Any, hint: Any, meta: dict[str, Any], source: 
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise fail(f"has the wrong type: expected {_describe_type(hint)}")
         return tuple(value)
-    # YAML has no int/float distinction a user would notice: accept 1 for a float field.
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+    value = _as_number(value, hint)
     if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
         raise fail(f"has the wrong type: expected {_describe_type(hint)}")
+    if hint is float and not math.isfinite(value):
+        raise fail("is not a finite number")
+    if hint is int and "le" not in meta and "lt" not in meta:
+        meta = {**meta, "le": MAX_INT}
     for bound, ok in (
         ("ge", lambda b: value >= b),
         ("gt", lambda b: value > b),
@@ -514,7 +560,10 @@ def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
             values[name] = _build(hint, value, f"{key}.", source)
         else:
             values[name] = _check_value(key, value, hint, dict(fields[name].metadata), source)
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ParamsError as exc:  # a check across fields, which knows no file name
+        raise ParamsError(f"{source}: {exc}") from None
 
 
 def parse_params(raw: Any, source: str = "params") -> Params:

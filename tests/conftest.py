@@ -151,8 +151,23 @@ def clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def trained_project(tmp_path_factory) -> Path:
-    """Every stage so far on the tiny config, run once for the whole session."""
-    project = make_project(tmp_path_factory.mktemp("trained"))
+    """Every stage on the tiny config, run once for the whole test run: under pytest-xdist
+    the first worker to ask builds it while the others wait on a file lock, then all share it
+    (tests copy it before changing anything)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return train_tiny(tmp_path_factory.mktemp("trained"))
+    from filelock import FileLock  # a dev dependency; GPU hosts run the tests without xdist
+
+    shared = tmp_path_factory.getbasetemp().parent / "trained"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "metrics" / "eval.json").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a worker that died building it
+            train_tiny(shared)
+    return shared
+
+
+def train_tiny(directory: Path) -> Path:
+    project = make_project(directory)
     for stage in ("prepare", "tokenizer", "sft", "collect", "rm"):
         run_module(f"rlhf.stages.{stage}", project)
     for algorithm in TINY_PARAMS["rl_algorithms"]:

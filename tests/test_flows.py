@@ -25,7 +25,7 @@ from prefect.workers.process import ProcessWorker
 from typer.testing import CliRunner
 
 from rlhf.cli import app
-from rlhf.flows.pipeline import SKIPPED, pipeline
+from rlhf.flows.pipeline import REFUSED, SKIPPED, pipeline, stage_flow
 
 from conftest import REPO, clean_env, init_dvc_repo, make_project
 
@@ -111,6 +111,28 @@ def test_bad_overrides_fail_before_any_stage_and_leave_params_alone(in_project):
         assert stage_states(state) == {}
     assert "ppo.kl_coef" in str(pipeline(overrides=["ppo.kl_coef=-1"], return_state=True).message)
     assert (in_project / "params.yaml").read_text() == before
+
+
+def test_a_refused_stage_fails_its_task_with_the_error_line_and_is_not_retried(in_project):
+    before = (in_project / "params.yaml").read_text()
+    try:
+        state = stage_flow(
+            stage="prepare", overrides=["+data.source=files"], retries=2, return_state=True
+        )
+        (in_project / "params.yaml").write_text(before)
+        whole = pipeline(target="sft", overrides=["+data.source=files"], return_state=True)
+    finally:
+        (in_project / "params.yaml").write_text(before)
+    assert whole.is_failed() and stage_states(whole) == {"prepare": REFUSED}  # stops there
+    assert state.is_failed()
+    assert state.message.startswith("stage prepare: data.source is 'files' but")
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_task_runs(flow_run_filter=this_run(state))
+    assert (run.state.name, run.run_count) == (REFUSED, 1)
+    assert run.state.message.startswith(
+        "stage prepare: data.source is 'files' but data/raw/sft.parquet does not exist;"
+    )
+    assert "Traceback" not in run.state.message
 
 
 # -- deployments ----------------------------------------------------------------------------

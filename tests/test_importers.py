@@ -1,8 +1,17 @@
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from rlhf.data.importers import import_hh, import_pairwise, import_ranked, split_transcript
+from rlhf.data.importers import (
+    MAX_ROW_BYTES,
+    import_hh,
+    import_pairwise,
+    import_ranked,
+    import_sft,
+    split_transcript,
+)
 from rlhf.data.schemas import DataError
 
 
@@ -80,3 +89,46 @@ def test_ranked_rows(tmp_path):
     missing = {"prompt": None, "responses": record["responses"]}
     with pytest.raises(DataError, match=r"row 0, field 'prompt': is null"):
         import_ranked(jsonl(tmp_path / "r4.jsonl", [missing]))
+
+
+def test_invalid_utf8_names_the_line_and_byte_offset(tmp_path):
+    path = tmp_path / "d.jsonl"
+    first = json.dumps({"prompt": "a", "response": "b"}).encode() + b"\n"
+    path.write_bytes(first + b'{"prompt": "caf\xe9", "response": "x"}\n')
+    with pytest.raises(DataError) as err:
+        import_sft(path)
+    offset = len(first) + len(b'{"prompt": "caf')
+    assert str(err.value).startswith(f"{path}: line 2: invalid UTF-8 at byte offset {offset}")
+
+
+def test_a_row_over_the_size_limit_is_rejected_not_truncated(tmp_path):
+    big = "x" * (MAX_ROW_BYTES + 1)
+    for path in (tmp_path / "big.jsonl", tmp_path / "big.parquet"):
+        rows = [{"prompt": "a", "response": "b"}, {"prompt": "a", "response": big}]
+        if path.suffix == ".parquet":
+            pq.write_table(pa.Table.from_pylist(rows), path)
+        else:
+            jsonl(path, rows)
+        with pytest.raises(DataError, match=r"row 1: 1,000,0\d\d bytes, over the limit of 1,000,"):
+            import_sft(path)
+
+
+def test_hh_transcript_ending_with_a_human_turn_is_named(tmp_path):
+    bad = {
+        "chosen": "\n\nHuman: Say hi.\n\nAssistant: Hi!\n\nHuman: Thanks.",
+        "rejected": "\n\nHuman: Say hi.\n\nAssistant: No.",
+    }
+    with pytest.raises(DataError, match=r"row 1, field 'chosen': ends with a Human turn"):
+        import_hh(jsonl(tmp_path / "hh.jsonl", [HH[1], bad]))
+
+
+def test_identical_answers_are_rejected_with_their_row(tmp_path):
+    same = {"prompt": "q", "chosen": "same answer", "rejected": "same answer "}
+    with pytest.raises(DataError, match=r"row 0, field 'rejected': the same text as 'chosen'"):
+        import_pairwise(jsonl(tmp_path / "p.jsonl", [same]))
+    hh = {"chosen": "\n\nHuman: hi\n\nAssistant: yo", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}
+    with pytest.raises(DataError, match=r"row 0, field 'rejected': the same text"):
+        import_hh(jsonl(tmp_path / "hh.jsonl", [hh]))
+    ranked = {"prompt": "q", "responses": [{"text": "a", "rank": 0}, {"text": "a", "rank": 1}]}
+    with pytest.raises(DataError, match=r"row 0, field 'responses': the same text appears twice"):
+        import_ranked(jsonl(tmp_path / "r.jsonl", [ranked]))

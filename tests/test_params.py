@@ -58,6 +58,38 @@ def test_int_is_accepted_for_float_fields():
     assert parse_params({"sft": {"lr": 1}}).sft.lr == 1.0
 
 
+def test_exponent_numbers_pyyaml_reads_as_text_are_numbers(tmp_path):
+    """YAML 1.1 wants `1.0e-3`; `lr: 1e-3` as users write it reached the schema as text."""
+    path = tmp_path / "params.yaml"
+    path.write_text("sft:\n  lr: 1e-3\n  epochs: 2E0\ndata:\n  n_train: 1e4\n")
+    params = load_params(path)
+    assert (params.sft.lr, params.sft.epochs, params.data.n_train) == (0.001, 2, 10_000)
+    with pytest.raises(ParamsError, match=r"data.n_train = '1.5e0' has the wrong type"):
+        parse_params({"data": {"n_train": "1.5e0"}})
+
+
+def test_values_that_would_overflow_or_poison_training_are_schema_errors():
+    with pytest.raises(ParamsError, match=r"seed = 18446744073709551616 is out of range: must be"):
+        parse_params({"seed": 2**64})
+    with pytest.raises(ParamsError, match=r"dpo.beta = inf is not a finite number"):
+        parse_params({"dpo": {"beta": float("inf")}})
+    with pytest.raises(ParamsError, match=r"ppo.kl_coef = nan is not a finite number"):
+        parse_params({"ppo": {"kl_coef": float("nan")}})
+    with pytest.raises(ParamsError, match=r"data.n_train = 4294967296 is out of range: must be <="):
+        parse_params({"data": {"n_train": 2**32}})
+
+
+def test_answer_lengths_must_leave_room_for_a_prompt(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("sft:\n  eval_max_new_tokens: 100000\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    assert str(err.value) == (
+        f"{path}: sft.eval_max_new_tokens = 100000 leaves no room for a prompt in "
+        "model.block_size = 96 tokens: it must be smaller than that"
+    )
+
+
 def test_out_of_range_value_names_the_bound():
     with pytest.raises(ParamsError, match=r"sft.lr = -0.1 is out of range: must be > 0"):
         parse_params({"sft": {"lr": -0.1}})

@@ -38,6 +38,7 @@ class Example:
 
     ids: list[int]
     response_start: int  # index of the first response token in `ids`
+    truncated: bool = False  # prompt or response was cut to fit the context
 
 
 def encode_example(tokenizer: Tokenizer, prompt: str, response: str, block_size: int) -> Example:
@@ -56,4 +57,5 @@ def encode_example(tokenizer: Tokenizer, prompt: str, response: str, block_size:
     prompt_len = min(len(prompt_tokens), budget - response_len)
     framed = _framed_prompt(tokenizer, prompt_tokens[len(prompt_tokens) - prompt_len :])
     ids = [*framed, *response_tokens[:response_len], tokenizer.eos_id]
-    return Example(ids=ids, response_start=len(framed))
+    truncated = prompt_len < len(prompt_tokens) or response_len < len(response_tokens)
+    return Example(ids=ids, response_start=len(framed), truncated=truncated)

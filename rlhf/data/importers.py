@@ -3,6 +3,10 @@
 Four kinds: demonstrations (`sft`), and three shapes of preference data that all become ranked
 rows (rank 0 = best) for the reward model: plain pairs, Anthropic HH-RLHF transcripts, and the
 ranked lists that annotation tools export.
+
+Each row is checked before anything is written: its JSON, its UTF-8 (the byte offset of a bad
+sequence is named), its size (`MAX_ROW_BYTES`), its fields, HH transcripts that must end with
+the Assistant's answer, and pairs whose chosen and rejected answers are the same text.
 """
 
 from __future__ import annotations
@@ -24,22 +28,67 @@ from rlhf.data.schemas import (
 )
 
 ASSISTANT_TURN = "\n\nAssistant:"
+HUMAN_TURN = "\n\nHuman:"
+# The largest row accepted, in bytes of UTF-8 text: far beyond what any context a model here
+# reads holds (32,768 tokens are about 130 KB), so a bigger row is a mis-joined file or a
+# document pasted whole, not a demonstration. Rejected, never silently truncated.
+MAX_ROW_BYTES = 1_000_000
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file; invalid UTF-8 is an error naming its line and the
+    byte offset in the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    lines, offset = [], 0
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{path}: line {number}: invalid UTF-8 at byte offset {offset + exc.start} "
+                f"({exc.reason}); save the file as UTF-8"
+            ) from None
+        offset += len(raw) + 1
+    return lines
+
+
+def _check_size(path: Path, row: int, size: int) -> None:
+    if size > MAX_ROW_BYTES:
+        raise DataError(
+            f"{path}: row {row}: {size:,} bytes, over the limit of {MAX_ROW_BYTES:,} bytes per "
+            "row; split or shorten it"
+        )
+
+
+def _text_bytes(record: dict[str, Any]) -> int:
+    """UTF-8 bytes of a record's text, nested lists and objects included."""
+    return len(json.dumps(record, ensure_ascii=False).encode())
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Records of a `.jsonl` or `.parquet` file, each a dict; row numbers start at 0."""
     path = Path(path)
+    if path.suffix not in (".jsonl", ".json", ".parquet"):
+        raise DataError(f"{path}: expected a .jsonl or .parquet file")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
     if path.suffix == ".parquet":
         try:
-            return pq.read_table(path).to_pylist()
+            records = pq.read_table(path).to_pylist()
         except (OSError, pa.ArrowInvalid) as exc:
-            raise DataError(f"{path}: not a readable Parquet file: {exc}") from exc
-    if path.suffix not in (".jsonl", ".json"):
-        raise DataError(f"{path}: expected a .jsonl or .parquet file")
+            raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
+        for index, record in enumerate(records):
+            _check_size(path, index, _text_bytes(record))
+        if not records:
+            raise DataError(f"{path}: no rows")
+        return records
     records = []
-    for index, line in enumerate(path.read_text().splitlines()):
+    for index, line in enumerate(read_lines(path)):
         if not line.strip():
             continue
+        _check_size(path, len(records), len(line.encode()))
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -71,6 +120,12 @@ def import_sft(path: str | Path) -> list[dict[str, Any]]:
 
 def _pairs_to_ranked(pairs: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
     validate_rows(pairs, PREFERENCE_SCHEMA, path)
+    for index, pair in enumerate(pairs):
+        if pair["chosen"].strip() == pair["rejected"].strip():
+            raise DataError(
+                f"{path}: row {index}, field 'rejected': the same text as 'chosen'; a pair of "
+                "identical answers teaches nothing"
+            )
     rows = [
         {
             "prompt": p["prompt"],
@@ -105,6 +160,10 @@ def split_transcript(transcript: str) -> tuple[str, str]:
     cut = transcript.rfind(ASSISTANT_TURN)
     if cut < 0:
         raise ValueError("has no '\\n\\nAssistant:' turn")
+    if HUMAN_TURN in transcript[cut:]:
+        raise ValueError(
+            "ends with a Human turn; a transcript must end with the Assistant's answer"
+        )
     return transcript[:cut].strip(), transcript[cut + len(ASSISTANT_TURN) :].strip()
 
 
@@ -153,10 +212,16 @@ def import_ranked(path: str | Path) -> list[dict[str, Any]]:
             raise DataError(
                 f"{path}: row {index}, field 'responses': expected a list of {{text, rank}} objects"
             )
+        texts = [i["text"] for i in items]
+        if len({t.strip() if isinstance(t, str) else repr(t) for t in texts}) < len(texts):
+            raise DataError(
+                f"{path}: row {index}, field 'responses': the same text appears twice; "
+                "identical answers cannot be ranked apart"
+            )
         rows.append(
             {
                 "prompt": record.get("prompt"),
-                "responses": [i["text"] for i in items],
+                "responses": texts,
                 "ranks": [i["rank"] for i in items],
                 **_meta(record, path),
             }

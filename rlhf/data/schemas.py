@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlhf.atomic import atomic_path
+from rlhf.errors import PipelineError
 
 _META = [pa.field("task", pa.string()), pa.field("source", pa.string())]
 
@@ -44,7 +45,7 @@ _TEXT_FIELDS = {"prompt", "response", "chosen", "rejected"}
 _MAY_BE_EMPTY = {"gold_scores"}
 
 
-class DataError(ValueError):
+class DataError(PipelineError, ValueError):
     """A dataset row that does not match its schema."""
 
 
@@ -108,10 +109,12 @@ def write_rows(path: str | Path, rows: Sequence[dict[str, Any]], schema: pa.Sche
 
 def read_rows(path: str | Path, schema: pa.Schema) -> list[dict[str, Any]]:
     """Read and validate a Parquet file; extra columns are dropped, types are checked."""
+    if not Path(path).is_file():
+        raise DataError(f"{path}: no such file; `dvc repro` writes it (or `rlhf import`)")
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise DataError(f"{path}: not a readable Parquet file: {exc}") from exc
+        raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
     for field in schema:
         if field.name not in table.column_names:
             raise DataError(f"{path}: row 0, field '{field.name}': column missing")

@@ -18,8 +18,9 @@ from pathlib import Path
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from rlhf.atomic import atomic_path
+from rlhf.atomic import publication
 from rlhf.data.bpe import train_bpe
+from rlhf.errors import CheckpointError, OutputError
 
 # GPT-2's pre-tokenization pattern, as tiktoken ships it for r50k/gpt2.
 PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
@@ -86,9 +87,14 @@ def save_tokenizer(
     vocab_size: int = 2048,
     encoding: str = "gpt2",
 ) -> Tokenizer:
-    """Build a tokenizer of `kind` and write it atomically to `directory`."""
+    """Build a tokenizer of `kind` and write it atomically to `directory`, which may hold a
+    previous tokenizer (replaced whole) or nothing, never anything else."""
+    directory = Path(directory)
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / SPEC_FILE).is_file():
+        raise OutputError(f"{directory} holds files but no tokenizer; refusing to replace it")
     spec: dict[str, object] = {"kind": kind, "special_tokens": list(SPECIAL_TOKENS)}
-    with atomic_path(directory) as tmp:
+    with publication() as out:
+        tmp = out[directory]
         tmp.mkdir()
         if kind == "tiktoken":
             spec["encoding"] = encoding
@@ -121,8 +127,13 @@ def _base_encoding(name: str) -> tiktoken.Encoding:
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     directory = Path(directory)
+    if not (directory / SPEC_FILE).is_file():
+        raise CheckpointError(f"{directory}: no tokenizer ({SPEC_FILE}); `dvc repro` writes it")
     spec_text = (directory / SPEC_FILE).read_text()
-    spec = json.loads(spec_text)
+    try:
+        spec = json.loads(spec_text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{directory / SPEC_FILE}: not valid JSON ({exc})") from None
     identity = hashlib.sha256(spec_text.encode()).hexdigest()[:16]
     if spec["kind"] == "tiktoken":
         base = _base_encoding(spec["encoding"])

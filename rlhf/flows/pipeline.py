@@ -28,16 +28,19 @@ from dvc.utils.hydra import apply_overrides
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import TaskRun
 from prefect.deployments import run_deployment
-from prefect.states import Completed, State
+from prefect.states import Completed, Failed, State
 
 from rlhf.eval.report import policies_table, win_rates_table
 from rlhf.params import parse_params
 from rlhf.stages import paths
 from rlhf.stages.dvcfile import declared_stages
+from rlhf.stages.entry import ERROR_PREFIX
 
 STAGE_DEPLOYMENT = "rlhf-stage/rlhf-stage"
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
+REFUSED = "Refused"  # state name of a stage that reported an error the user must fix
 
 
 def stages_for(target: str) -> list[str]:
@@ -104,16 +107,23 @@ def evaluation_markdown(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@task(task_run_name="{stage}", cache_policy=NO_CACHE)
+def retry_unless_refused(task: object, task_run: TaskRun, state: State) -> bool:
+    """Retry a crashed or killed stage (it resumes), not one that reported bad params or
+    data: it would only fail again the same way."""
+    return state.name != REFUSED
+
+
+@task(task_run_name="{stage}", cache_policy=NO_CACHE, retry_condition_fn=retry_unless_refused)
 def dvc_stage(stage: str) -> State:
     """`dvc repro --single-item <stage>`, its output streamed into the task's log.
 
     Ends Completed when the stage ran and Completed named "Skipped" when DVC found it up to
-    date, so a flow run shows at a glance which stages did work.
+    date, so a flow run shows at a glance which stages did work. A stage that reported an
+    error the user must fix ends Failed named "Refused" with that error as its message.
     """
     logger = get_run_logger()
     command = ["dvc", "repro", "--single-item", stage]
-    ran = False
+    ran, errors, dvc_errors = False, [], []
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as process:
@@ -121,8 +131,15 @@ def dvc_stage(stage: str) -> State:
         for line in process.stdout:
             logger.info(line.rstrip())
             ran = ran or f"Running stage '{stage}'" in line
+            if line.startswith(ERROR_PREFIX):
+                errors.append(line.removeprefix(ERROR_PREFIX).strip())
+            elif line.startswith("ERROR: "):  # DVC's own: a missing input, a bad params.yaml
+                dvc_errors.append(line.strip())
+    if process.returncode and errors:
+        return Failed(name=REFUSED, message=f"stage {stage}: {errors[-1]}")
     if process.returncode:
-        raise RuntimeError(f"{' '.join(command)} exited with {process.returncode}")
+        said = f": {dvc_errors[0]}" if dvc_errors else ""
+        raise RuntimeError(f"{' '.join(command)} exited with {process.returncode}{said}")
     publish_metrics(stage)
     if ran:
         return Completed(message=f"stage {stage} ran")
@@ -130,10 +147,18 @@ def dvc_stage(stage: str) -> State:
 
 
 @flow(name="rlhf-stage")
-def stage_flow(stage: str, overrides: list[str] | None = None, retries: int = 1) -> None:
+def stage_flow(stage: str, overrides: list[str] | None = None, retries: int = 1) -> State | None:
     """One pipeline stage: what the `rlhf-stage` deployment runs in a container."""
     set_params(overrides or [])
-    dvc_stage.with_options(retries=retries, retry_delay_seconds=10)(stage)
+    return run_stage(stage, retries)
+
+
+def run_stage(stage: str, retries: int) -> State | None:
+    """The stage as a task run; None if it completed, else a Failed state with the task's
+    message, which a flow returns to end with the stage's error as its own state message."""
+    options = dvc_stage.with_options(retries=retries, retry_delay_seconds=10)
+    state = options(stage, return_state=True)
+    return Failed(name=state.name, message=state.message) if state.is_failed() else None
 
 
 @flow(name="rlhf-pipeline")
@@ -142,8 +167,8 @@ def pipeline(
     overrides: list[str] | None = None,
     containerized: bool = False,
     retries: int = 1,
-) -> None:
-    """Every stage up to `target` in DVC order.
+) -> State | None:
+    """Every stage up to `target` in DVC order; the first that fails ends the run.
 
     overrides: `key=value` params (e.g. `ppo.kl_coef=0.05`), written into params.yaml as
         `dvc exp run -S` does. retries: per stage; a retried training stage resumes from its
@@ -156,7 +181,8 @@ def pipeline(
         set_params(overrides)
     for stage in stages:
         if not containerized:
-            dvc_stage.with_options(retries=retries, retry_delay_seconds=10)(stage)
+            if failed := run_stage(stage, retries):
+                return failed
             continue
         child = run_deployment(
             STAGE_DEPLOYMENT,

@@ -54,6 +54,15 @@ class Backbone(nn.Module, ABC):
     def num_params(self) -> int:
         """Parameters that count toward the model's size, as its family reports it."""
 
+    @abstractmethod
+    def activation_floats(self, seq_len: int) -> int:
+        """Floats one token of a training sequence of `seq_len` tokens keeps for the backward
+        pass, logits included: what the memory preflight multiplies by the tokens per step."""
+
+    @abstractmethod
+    def cache_floats(self) -> int:
+        """Floats one cached token takes in the KV cache during sampling."""
+
     def forward(
         self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:

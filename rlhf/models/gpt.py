@@ -128,6 +128,17 @@ class GPT(Backbone):
         """Parameters excluding position embeddings, as nanoGPT counts them."""
         return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
 
+    def activation_floats(self, seq_len: int) -> int:
+        """Korthikanti et al. (2022) per layer: 34 bytes per width unit and 5 per head and
+        position at two bytes a value, i.e. 17 and 2.5 floats; then the logits, their
+        log-softmax and its gradient."""
+        c = self.config
+        per_layer = 17 * c.n_embd + 5 * c.n_head * seq_len // 2
+        return c.n_layer * per_layer + 3 * c.vocab_size
+
+    def cache_floats(self) -> int:
+        return 2 * self.config.n_layer * self.config.n_embd
+
     def new_cache(self, batch_size: int, max_len: int, device: torch.device) -> KVCache:
         if max_len > self.config.block_size:
             raise ValueError(

@@ -17,6 +17,7 @@ from rlhf.data.schemas import (
     PROMPT_SCHEMA,
     RANKED_SCHEMA,
     SFT_SCHEMA,
+    DataError,
     read_rows,
     write_rows,
 )
@@ -24,8 +25,11 @@ from rlhf.data.splits import split_comparisons
 from rlhf.stages import paths
 from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
+from rlhf.stages.entry import main
+from rlhf.stages.outputs import published
 from rlhf.stages.specs import StageSpec
 from rlhf.synthetic.collection import comparisons_from_samples, sample_rows
+from rlhf.train.memory import Workload
 
 SPEC = StageSpec(
     "collect",
@@ -44,6 +48,7 @@ def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     if c.include_demo:
         for row in read_rows(paths.SFT_TRAIN, SFT_SCHEMA):
             demos.setdefault(row["prompt"], row["response"])
+    stage.preflight(paths.SFT_MODEL, Workload(trained=0, frozen=1, sampled=c.batch_size))
     policy = stage.load_model(paths.SFT_MODEL)
     started = time.perf_counter()
     with progress() as bar:
@@ -69,7 +74,7 @@ def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
 
 def imported_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     if not paths.RAW_COMPARISONS.exists():
-        raise FileNotFoundError(
+        raise DataError(
             f"collect.source is 'files' but {paths.RAW_COMPARISONS} does not exist; create it "
             "with `rlhf import FILE --kind pairwise|hh|ranked` and `dvc add` it"
         )
@@ -83,8 +88,6 @@ def run() -> dict[str, Any]:
     c = stage.params.collect
     collected = sampled_comparisons if c.source == "policy" else imported_comparisons
     train, val, stats = collected(stage)
-    write_rows(paths.COMPARISONS_TRAIN, train, COMPARISON_SCHEMA)
-    write_rows(paths.COMPARISONS_VAL, val, COMPARISON_SCHEMA)
     metrics = {
         "prompts": len(train) + len(val),
         "prompts_train": len(train),
@@ -92,10 +95,13 @@ def run() -> dict[str, Any]:
         "pairs": sum(len(r["responses"]) * (len(r["responses"]) - 1) // 2 for r in train + val),
         **stats,
     }
-    write_json(paths.metrics_file("collect"), metrics)
+    with published(SPEC) as out:
+        write_rows(out[paths.COMPARISONS_TRAIN], train, COMPARISON_SCHEMA)
+        write_rows(out[paths.COMPARISONS_VAL], val, COMPARISON_SCHEMA)
+        write_json(out[paths.metrics_file("collect")], metrics)
     stage.log(f"({c.source}) {metrics}")
     return metrics
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

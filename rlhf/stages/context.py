@@ -21,8 +21,10 @@ from rlhf.params import Params, group_hash
 from rlhf.stages import paths
 from rlhf.stages.common import console, file_digest, params
 from rlhf.stages.imports import code_closure
+from rlhf.stages.outputs import begin
 from rlhf.stages.specs import StageSpec
 from rlhf.train.device import resolve_device
+from rlhf.train.memory import Workload, preflight
 
 
 @dataclass
@@ -34,12 +36,15 @@ class StageRun:
 
     @classmethod
     def start(cls, declared: StageSpec, item: str | None = None) -> StageRun:
-        """Load and check params, seed torch, pick the device, load the tokenizer; `item` is
-        the element of a foreach stage (the RL algorithm)."""
+        """Clear what a killed run left half-written, load and check params, seed torch, pick
+        the device, load the tokenizer; `item` is the element of a foreach stage (the RL
+        algorithm)."""
+        spec = declared.filled(item)
+        begin(spec)
         p = params()
         torch.manual_seed(p.seed)
         device = resolve_device(p.device)
-        return cls(declared.filled(item), p, device, load_tokenizer(paths.TOKENIZER))
+        return cls(spec, p, device, load_tokenizer(paths.TOKENIZER))
 
     @property
     def params_hash(self) -> str:
@@ -53,6 +58,12 @@ class StageRun:
 
     def log(self, text: str) -> None:
         console.print(f"{self.spec.address}: {text}")
+
+    def preflight(self, model_file: Path, work: Workload) -> None:
+        """Refuse, before loading anything, a workload with the model in `model_file` that
+        the device cannot hold."""
+        backbone, config = checkpoint.model_config(model_file)
+        preflight(self.spec.address, backbone, config, work, self.device)
 
     def load_model(self, path: Path) -> Backbone:
         return checkpoint.load_model(path, self.tokenizer, self.device)[0]

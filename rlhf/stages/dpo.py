@@ -23,8 +23,10 @@ from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.stages import fitting, paths
 from rlhf.stages.context import StageRun
+from rlhf.stages.entry import main
 from rlhf.stages.specs import StageSpec, trained_outputs
 from rlhf.train.loop import History
+from rlhf.train.memory import Workload
 
 LOGPS = ("chosen_logp", "rejected_logp")
 
@@ -55,6 +57,8 @@ def run() -> dict[str, Any]:
     cfg, tokenizer, pad = stage.params.dpo, stage.tokenizer, stage.tokenizer.pad_id
     train = read_rows(paths.COMPARISONS_TRAIN, COMPARISON_SCHEMA)
     val = read_rows(paths.COMPARISONS_VAL, COMPARISON_SCHEMA)
+    widest = max(len(r["responses"]) for r in train + val)
+    stage.preflight(paths.SFT_MODEL, Workload(sequences=cfg.batch_size * widest))
     policy = stage.load_model(paths.SFT_MODEL)
     train_groups, val_groups = (
         encode_groups(tokenizer, rows, policy.max_seq_len) for rows in (train, val)
@@ -103,4 +107,4 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

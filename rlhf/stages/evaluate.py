@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.algorithms.scorers import RewardModelScorer
-from rlhf.atomic import atomic_path, write_csv, write_json
+from rlhf.atomic import write_csv, write_json
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.eval import report
 from rlhf.eval.gold import has_judge
@@ -32,8 +32,11 @@ from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
 from rlhf.stages.context import StageRun
+from rlhf.stages.entry import main
+from rlhf.stages.outputs import published
 from rlhf.stages.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
+from rlhf.train.memory import Workload
 
 TRAINING_CURVES = {"SFT": "sft", "Reward model": "rm", "DPO": "dpo"}  # report title -> stage
 SPEC = StageSpec(
@@ -98,6 +101,8 @@ def run() -> dict[str, float]:
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
     synthetic = has_judge(heldout)
+    # the policy under evaluation, SFT as the KL reference and the reward model, at once
+    stage.preflight(paths.SFT_MODEL, Workload(trained=0, frozen=3, sampled=cfg.batch_size))
     sft = stage.load_model(paths.SFT_MODEL)
     scorer = RewardModelScorer.load(paths.RM_MODEL, stage.tokenizer, stage.device)
     evaluate = functools.partial(
@@ -120,13 +125,14 @@ def run() -> dict[str, float]:
         title: (read_csv(paths.steps_file(name)), read_csv(paths.epochs_file(name)))
         for title, name in TRAINING_CURVES.items()
     }
-    with atomic_path(paths.REPORTS) as staged:
+    with published(SPEC) as out:
         report.write(
-            staged, metrics, rates=rates, curves=curves, losses=losses,
+            out[paths.REPORTS], metrics, rates=rates, curves=curves, losses=losses,
             examples=side_by_side(prompts, tasks, answers, cfg.examples_per_task),
         )  # fmt: skip
-    write_csv(paths.EVAL_CURVE, [{"policy": a, **pt} for a, c in curves.items() for pt in c])
-    write_json(paths.EVAL_METRICS, metrics)
+        rows = [{"policy": a, **point} for a, curve in curves.items() for point in curve]
+        write_csv(out[paths.EVAL_CURVE], rows)
+        write_json(out[paths.EVAL_METRICS], metrics)
     numbers = headline(metrics)
     shown = [f"{k} {v}" for k, v in numbers.items() if k.startswith(("gold_sampled.", "win_rate."))]
     console.print(f"evaluate: {', '.join(shown)}; report in {paths.REPORT}")
@@ -134,4 +140,4 @@ def run() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

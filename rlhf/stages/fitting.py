@@ -13,6 +13,7 @@ from rlhf.params import OptimParams
 from rlhf.stages import paths
 from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
+from rlhf.stages.outputs import published
 from rlhf.train import loop
 
 
@@ -57,11 +58,12 @@ def fit(
 def publish(
     stage: StageRun, payload: dict[str, Any], history: loop.History, metrics: dict[str, Any]
 ) -> None:
-    """Write a trained stage's outputs, each atomically, and only then drop its resume state:
+    """Write a trained stage's outputs, all together, and only then drop its resume state:
     a crash in between resumes and rewrites rather than retraining from scratch."""
     name = stage.spec.name
-    checkpoint.save(paths.model_file(name), payload)
-    write_csv(paths.steps_file(name), history.steps)
-    write_csv(paths.epochs_file(name), history.epochs)
-    write_json(paths.metrics_file(name), metrics)
+    with published(stage.spec) as out:
+        checkpoint.save(out[paths.model_file(name)], payload)
+        write_csv(out[paths.steps_file(name)], history.steps)
+        write_csv(out[paths.epochs_file(name)], history.epochs)
+        write_json(out[paths.metrics_file(name)], metrics)
     stage.spec.resume_file.unlink(missing_ok=True)

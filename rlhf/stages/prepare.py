@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows, write_rows
+from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, DataError, read_rows, write_rows
 from rlhf.data.splits import split_demonstrations
 from rlhf.stages import paths
 from rlhf.stages.common import console, params
+from rlhf.stages.entry import main
+from rlhf.stages.outputs import begin, published
 from rlhf.stages.specs import StageSpec
 from rlhf.synthetic.datasets import synthetic_sets
 
@@ -22,12 +24,13 @@ SPEC = StageSpec(
 
 
 def run() -> dict[str, int]:
+    begin(SPEC)
     p = params()
     if p.data.source == "synthetic":
         sets = synthetic_sets(p.data, p.seed)
     else:
         if not paths.RAW_SFT.exists():
-            raise FileNotFoundError(
+            raise DataError(
                 f"data.source is 'files' but {paths.RAW_SFT} does not exist; create it with "
                 f"`rlhf import YOUR_FILE.jsonl` and track it with `dvc add {paths.RAW_SFT}`"
             )
@@ -35,10 +38,11 @@ def run() -> dict[str, int]:
         sets = split_demonstrations(
             rows, p.data.val_fraction, p.data.heldout_fraction, p.seed, str(paths.RAW_SFT)
         )
-    write_rows(paths.SFT_TRAIN, sets["train"], SFT_SCHEMA)
-    write_rows(paths.SFT_VAL, sets["val"], SFT_SCHEMA)
-    write_rows(paths.PROMPTS_TRAIN, sets["prompts_train"], PROMPT_SCHEMA)
-    write_rows(paths.PROMPTS_HELDOUT, sets["prompts_heldout"], PROMPT_SCHEMA)
+    with published(SPEC) as out:
+        write_rows(out[paths.SFT_TRAIN], sets["train"], SFT_SCHEMA)
+        write_rows(out[paths.SFT_VAL], sets["val"], SFT_SCHEMA)
+        write_rows(out[paths.PROMPTS_TRAIN], sets["prompts_train"], PROMPT_SCHEMA)
+        write_rows(out[paths.PROMPTS_HELDOUT], sets["prompts_heldout"], PROMPT_SCHEMA)
     counts = {name: len(rows) for name, rows in sets.items()}
     per_task = Counter(r["task"] for r in sets["prompts_heldout"])
     console.print(f"prepare ({p.data.source}): {counts}; held-out per task: {dict(per_task)}")
@@ -46,4 +50,4 @@ def run() -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

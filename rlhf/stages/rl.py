@@ -23,17 +23,22 @@ from typing import Any
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import Experience, RLTrainer
 from rlhf.algorithms.scorers import make_scorer
-from rlhf.atomic import atomic_path, write_csv, write_json, write_text
+from rlhf.atomic import remove_stale_in, write_csv, write_json, write_text
 from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.policies import gold_vs_reference
 from rlhf.models import checkpoint
-from rlhf.params import CriticParams
+from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
 from rlhf.stages import paths
 from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
+from rlhf.stages.entry import main
+from rlhf.stages.outputs import published
 from rlhf.stages.specs import ITEM, Plot, StageSpec
+from rlhf.train.guard import NonFiniteError
+from rlhf.train.memory import Workload
 
+RESUME_KEYS = ("trainer", "history", "samples")
 SAMPLES_LOGGED = 4  # answers of a rollout written to samples.jsonl when samples are due
 SECONDS = ("rollout", "scoring", "update")  # the phases whose time the metrics add up
 
@@ -61,8 +66,16 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     a separate one, the reward source, and the training prompts."""
     p, tokenizer = stage.params, stage.tokenizer
     cfg = p.algorithm(algorithm)
+    separate_critic = isinstance(cfg, CriticParams) and cfg.critic == "separate"
+    work = Workload(
+        trained=1 + separate_critic,
+        frozen=1,
+        sequences=cfg.minibatch_size + (cfg.ptx_batch_size if cfg.ptx_coef > 0 else 0),
+        sampled=cfg.batch_size * cfg.group_size,
+    )
+    stage.preflight(paths.SFT_MODEL, work)
     critic = None
-    if isinstance(cfg, CriticParams) and cfg.critic == "separate":
+    if separate_critic:
         critic = stage.load_model(paths.RM_MODEL)
         critic.init_value_head_from_reward_head()
     scorer = make_scorer(
@@ -133,17 +146,23 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
     fingerprint, resume = stage.fingerprint(), stage.spec.resume_file
     history: list[dict[str, float]] = []
     samples: list[dict[str, Any]] = []
-    if (state := checkpoint.load_resume(resume, fingerprint)) is not None:
+    if (state := checkpoint.load_resume(resume, fingerprint, RESUME_KEYS, stage.log)) is not None:
         trainer.load_state_dict(state["trainer"])
         history, samples = state["history"], json.loads(state["samples"])
         stage.log(f"resuming from iteration {trainer.step} of {steps}")
     else:
         shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True, exist_ok=True)
+    remove_stale_in(staging)  # a snapshot half-written when the last run was killed
+    saved = trainer.step
     with progress() as bar:
         task = bar.add_task(stage.spec.address, total=steps, completed=trainer.step, extra="")
         while trainer.step < steps:
-            stats, experience = trainer.iteration()
+            try:
+                stats, experience = trainer.iteration()
+            except NonFiniteError as exc:
+                exc.last_good = f"{resume} (iteration {saved})" if saved else exc.last_good
+                raise
             history.append(stats)
             step, more = trainer.step, trainer.step < steps
             if step % shared.log_samples_every == 0 or step == 1:
@@ -158,6 +177,7 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                 state = {"trainer": trainer.state_dict(), "history": history,
                          "samples": json.dumps(samples)}  # fmt: skip
                 checkpoint.save_resume(resume, fingerprint, state)
+                saved = step
     return history, samples
 
 
@@ -168,21 +188,24 @@ def publish(
     samples: list[dict[str, Any]],
     metrics: dict[str, Any],
 ) -> None:
-    """Write every output, each atomically, and only then drop the resume state and the
+    """Write every output, all together, and only then drop the resume state and the
     snapshot staging folder."""
     algorithm, staging = stage.spec.item, snapshot_staging(stage)
     assert algorithm is not None
-    checkpoint.save(paths.model_file(algorithm), policy_payload(stage, trainer))
-    with atomic_path(paths.snapshots_dir(algorithm)) as staged:
-        shutil.copytree(staging, staged)
-    write_csv(paths.steps_file(algorithm), history)
-    write_text(paths.samples_file(algorithm), "".join(json.dumps(s) + "\n" for s in samples))
-    write_json(paths.metrics_file(algorithm), metrics)
+    with published(stage.spec) as out:
+        checkpoint.save(out[paths.model_file(algorithm)], policy_payload(stage, trainer))
+        shutil.copytree(staging, out[paths.snapshots_dir(algorithm)])
+        write_csv(out[paths.steps_file(algorithm)], history)
+        lines = "".join(json.dumps(s) + "\n" for s in samples)
+        write_text(out[paths.samples_file(algorithm)], lines)
+        write_json(out[paths.metrics_file(algorithm)], metrics)
     stage.spec.resume_file.unlink(missing_ok=True)
     shutil.rmtree(staging)
 
 
 def run(algorithm: str) -> dict[str, Any]:
+    if algorithm not in RL_ALGORITHMS:
+        raise ParamsError(f"RL algorithm {algorithm!r} is not one of {', '.join(RL_ALGORITHMS)}")
     stage = StageRun.start(SPEC, algorithm)
     p, shared = stage.params, stage.params.rl
     trainer = build_trainer(stage, algorithm)
@@ -201,5 +224,11 @@ def run(algorithm: str) -> dict[str, Any]:
     return metrics
 
 
+def run_from_command_line(args: list[str]) -> dict[str, Any]:
+    if len(args) != 1:
+        raise ParamsError(f"usage: python -m rlhf.stages.rl ALGORITHM ({', '.join(RL_ALGORITHMS)})")
+    return run(args[0])
+
+
 if __name__ == "__main__":
-    run(sys.argv[1])
+    main(lambda: run_from_command_line(sys.argv[1:]))

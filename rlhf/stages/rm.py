@@ -22,7 +22,9 @@ from rlhf.data.schemas import COMPARISON_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.stages import fitting, paths
 from rlhf.stages.context import StageRun
+from rlhf.stages.entry import main
 from rlhf.stages.specs import StageSpec, trained_outputs
+from rlhf.train.memory import Workload
 
 SPEC = StageSpec(
     "rm",
@@ -44,6 +46,8 @@ def run() -> dict[str, Any]:
     cfg, tokenizer, pad = stage.params.rm, stage.tokenizer, stage.tokenizer.pad_id
     train = read_rows(paths.COMPARISONS_TRAIN, COMPARISON_SCHEMA)
     val = read_rows(paths.COMPARISONS_VAL, COMPARISON_SCHEMA)
+    widest = max(len(r["responses"]) for r in train + val)
+    stage.preflight(paths.SFT_MODEL, Workload(sequences=cfg.batch_size * widest))
     model = stage.load_model(paths.SFT_MODEL)
     stage.log(f"{len(train)} prompts ({sum(len(r['ranks']) for r in train)} responses)")
     train_groups, val_groups = (
@@ -94,4 +98,4 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -17,7 +17,9 @@ from rlhf.eval.gold import gold_eval
 from rlhf.models.registry import build
 from rlhf.stages import fitting, paths
 from rlhf.stages.context import StageRun
+from rlhf.stages.entry import main
 from rlhf.stages.specs import StageSpec, trained_outputs
+from rlhf.train.memory import Workload, preflight
 
 SPEC = StageSpec(
     "sft",
@@ -37,9 +39,13 @@ def run() -> dict[str, Any]:
     )
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     config = {"vocab_size": tokenizer.vocab_size, **dataclasses.asdict(p.model)}
+    work = Workload(sequences=p.sft.batch_size, sampled=p.sft.eval_batch_size)
+    preflight(stage.spec.address, "gpt", config, work, stage.device)
     model = build("gpt", config).to(stage.device)
+    truncated = sum(e.truncated for e in train)
     stage.log(f"{model.num_params() / 1e6:.2f}M parameters, {len(train)} demonstrations on "
-              f"{stage.device}")  # fmt: skip
+              f"{stage.device}, {truncated} of them cut to model.block_size = "
+              f"{p.model.block_size} tokens")  # fmt: skip
     judge = functools.partial(
         gold_eval, model, tokenizer, heldout, max_new_tokens=p.sft.eval_max_new_tokens,
         seed=p.seed, batch_size=p.sft.eval_batch_size,
@@ -66,6 +72,7 @@ def run() -> dict[str, Any]:
         "tokens_per_s": history.tokens_per_s,
         "steps": len(history.steps),
         "params": model.num_params(),
+        "truncated": truncated,
     }
     fitting.publish(stage, stage.payload(model, kind="policy"), history, metrics)
     stage.log(
@@ -77,4 +84,4 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

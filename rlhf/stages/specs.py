@@ -43,6 +43,11 @@ class StageSpec:
         return f"{self.name}@{self.item}" if self.item else self.name
 
     @property
+    def outputs(self) -> tuple[Path, ...]:
+        """Everything the stage writes: outs, metrics and plots."""
+        return (*self.outs, *self.metrics, *(p.path for p in self.plots))
+
+    @property
     def resume_file(self) -> Path:
         return paths.RESUME / f"{self.item or self.name}.pt"
 

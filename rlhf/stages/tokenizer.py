@@ -8,6 +8,8 @@ from rlhf.data.schemas import SFT_SCHEMA, read_rows
 from rlhf.data.tokenizer import save_tokenizer
 from rlhf.stages import paths
 from rlhf.stages.common import console, params
+from rlhf.stages.entry import main
+from rlhf.stages.outputs import begin, published
 from rlhf.stages.specs import StageSpec
 
 SPEC = StageSpec(
@@ -20,6 +22,7 @@ SPEC = StageSpec(
 
 
 def run() -> dict[str, object]:
+    begin(SPEC)
     p = params().tokenizer
     started = time.perf_counter()
     texts = [
@@ -27,9 +30,10 @@ def run() -> dict[str, object]:
         for row in read_rows(paths.SFT_TRAIN, SFT_SCHEMA)
         for text in (row["prompt"], row["response"])
     ]
-    tokenizer = save_tokenizer(
-        paths.TOKENIZER, p.kind, texts=texts, vocab_size=p.vocab_size, encoding=p.encoding
-    )
+    with published(SPEC) as out:
+        tokenizer = save_tokenizer(
+            out[paths.TOKENIZER], p.kind, texts=texts, vocab_size=p.vocab_size, encoding=p.encoding
+        )
     seconds = time.perf_counter() - started
     console.print(
         f"tokenizer ({p.kind}): vocabulary {tokenizer.vocab_size} tokens, "
@@ -39,4 +43,4 @@ def run() -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -7,10 +7,15 @@ from collections.abc import Iterator
 
 import torch
 
+from rlhf.errors import ResourceError
+
 
 def resolve_device(choice: str) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda was asked for, but torch sees no CUDA device")
+        raise ResourceError(
+            "params.yaml asks for device: cuda, but torch sees no CUDA device here; set "
+            "device: auto or cpu, or run where a GPU is visible (docker run --gpus all)"
+        )
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(choice)

@@ -21,7 +21,10 @@ from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
 from rlhf.train.device import autocast, rng_state, set_rng_state
+from rlhf.train.guard import NonFiniteError, grad_norm, require_finite
 from rlhf.train.optim import adamw, lr_at, set_lr
+
+RESUME_KEYS = ("model", "optimizer", "rng", "step", "steps", "epochs", "extra")
 
 # (example indices) -> (loss, tokens processed)
 BatchLoss = Callable[[list[int]], tuple[Tensor, int]]
@@ -101,13 +104,14 @@ def fit(
     saved value comes back in `History.extra`. `step_stats` returns what the last batch
     measured besides its loss (DPO's implicit-reward accuracy, say) for that step's row.
     `dropout` False trains in eval mode: DPO's log-ratios to a reference computed without
-    dropout must start at exactly zero, not at the noise dropout adds.
+    dropout must start at exactly zero, not at the noise dropout adds. A non-finite loss or
+    gradient norm raises `NonFiniteError` before its update (`rlhf.train.guard`).
     """
     optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
     total = opt.epochs * steps_per_epoch
     history = History()
-    state = checkpoint.load_resume(resume_file, fingerprint)
+    state = checkpoint.load_resume(resume_file, fingerprint, RESUME_KEYS, log)
     if state is None:
         model.eval()
         with torch.no_grad():
@@ -126,6 +130,7 @@ def fit(
 
     model.train(dropout)
     order: list[int] = []
+    saved = history.resumed_from
     for step in range(history.resumed_from, total):
         epoch, index = divmod(step, steps_per_epoch)
         if index == 0 or not order:
@@ -136,9 +141,13 @@ def fit(
         with autocast(device, opt.bf16):
             loss, tokens = batch_loss(order[index * opt.batch_size :][: opt.batch_size])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if opt.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
+        try:
+            require_finite(step + 1, {"train_loss": loss}, step_stats())
+            loss.backward()
+            require_finite(step + 1, {"grad_norm": grad_norm(model.parameters(), opt.grad_clip)})
+        except NonFiniteError as exc:
+            exc.last_good = f"{resume_file} (step {saved})" if saved else exc.last_good
+            raise
         optimizer.step()
         history.seconds += time.perf_counter() - started
         history.tokens += tokens
@@ -183,6 +192,7 @@ def fit(
                     "extra": history.extra,
                 },
             )
+            saved = step + 1
         on_step(step + 1, total, loss.item())
     model.eval()
     return history

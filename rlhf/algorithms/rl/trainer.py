@@ -43,6 +43,7 @@ from rlhf.sampling.forward import response_forward, response_values
 from rlhf.sampling.rollout import Rollout, sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.train.device import autocast, rng_state, set_rng_state
+from rlhf.train.guard import grad_norm, require_finite
 from rlhf.train.loop import batch_order
 from rlhf.train.optim import adamw, lr_at, set_lr
 
@@ -212,9 +213,10 @@ class RLTrainer:
             self.cfg.cliprange_value,
         )
         self.critic_opt.zero_grad(set_to_none=True)
+        require_finite(self.step + 1, {"value_loss": loss})
         loss.backward()
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.grad_clip)
+        norm = grad_norm(self.critic.parameters(), self.cfg.grad_clip)
+        require_finite(self.step + 1, {"critic_grad_norm": norm})
         self.critic_opt.step()
         return loss.detach(), clip_fraction
 
@@ -266,8 +268,10 @@ class RLTrainer:
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Passes over the rollout in shuffled minibatches: several for a clipped ratio (until
-        approx-KL passes `target_approx_kl`), one for a plain policy gradient."""
-        cfg = self.cfg
+        approx-KL passes `target_approx_kl`), one for a plain policy gradient. A non-finite
+        loss or gradient norm stops it before that update, naming the terms that were."""
+        cfg, step = self.cfg, self.step + 1
+        inputs = {"scores": exp.scores.sum(), "advantages": exp.advantages.sum()}
         started = time.perf_counter()
         totals: dict[str, list[float]] = {}
 
@@ -290,9 +294,11 @@ class RLTrainer:
                 with autocast(self.device, cfg.bf16):
                     loss = self._minibatch_loss(exp, rows, record)
                 self.policy_opt.zero_grad(set_to_none=True)
+                terms = {key: values[-1] for key, values in totals.items()}
+                require_finite(step, {"loss": loss}, terms | inputs)
                 loss.backward()
-                if cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
+                norm = grad_norm(self.policy.parameters(), cfg.grad_clip)
+                require_finite(step, {"policy_grad_norm": norm})
                 self.policy_opt.step()
                 if self.critic is not None:
                     with autocast(self.device, cfg.bf16):

@@ -1,0 +1,25 @@
+"""The failures a user can fix, as opposed to bugs.
+
+Every entry point (the `rlhf` command, `python -m rlhf.stages.*` under `dvc repro`, Prefect
+task runs) reports a `PipelineError` as one line, with no traceback: the message itself must
+say which file, row and field or which params key is wrong, what was expected and what to do.
+A traceback is kept for bugs, and for everything when RLHF_DEBUG=1 asks for it.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """A failure the message alone explains: bad params, bad data, a missing or refused file."""
+
+
+class CheckpointError(PipelineError):
+    """A checkpoint or resume file that is missing, unreadable or not what the stage needs."""
+
+
+class OutputError(PipelineError):
+    """An output that could not be written, or that a command refuses to overwrite."""
+
+
+class ResourceError(PipelineError):
+    """A run the machine cannot hold: refused before the allocation that would fail."""

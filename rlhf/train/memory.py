@@ -1,0 +1,80 @@
+"""Memory preflight: refuse a run the device cannot hold before allocating it.
+
+A model or batch too large for the machine otherwise ends with the kernel's OOM killer (no
+message, sometimes a frozen host) or a CUDA out-of-memory error deep in a step. The estimate
+needs no allocation: the backbone is built on the `meta` device, which records shapes only.
+It is an estimate, deliberately on the high side of what training takes in fp32 with AdamW.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhf.errors import ResourceError
+from rlhf.models.registry import build
+
+TRAINED_BYTES_PER_PARAM = 16  # fp32 weight, gradient and AdamW's two moments
+FROZEN_BYTES_PER_PARAM = 4  # fp32 weight only (a reference policy)
+FLOAT_BYTES = 4
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a stage holds at once: models by role, and the sequences (each counted at the
+    model's full context) of its largest training step and of its sampling batch."""
+
+    trained: int = 1  # models with gradients and optimizer state
+    frozen: int = 0  # models held for inference only
+    sequences: int = 0  # sequences of one training step (forward and backward)
+    sampled: int = 0  # sequences sampled at once, each with a KV cache
+
+
+def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int:
+    with torch.device("meta"):
+        model = build(backbone, config)
+    params = sum(p.numel() for p in model.parameters())
+    weights = params * (
+        TRAINED_BYTES_PER_PARAM * work.trained + FROZEN_BYTES_PER_PARAM * work.frozen
+    )
+    seq_len = model.max_seq_len
+    activations = work.sequences * seq_len * model.activation_floats(seq_len)
+    cache = work.sampled * seq_len * model.cache_floats()
+    return weights + FLOAT_BYTES * (activations + cache)
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory on a CUDA device; on the CPU, what the kernel reports as available."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def preflight(
+    what: str, backbone: str, config: dict[str, Any], work: Workload, device: torch.device
+) -> int:
+    """Raise ResourceError when `work` with this model would not fit on `device`; returns
+    the estimate in bytes."""
+    need, have = estimate_bytes(backbone, config, work), available_bytes(device)
+    if need > have:
+        raise ResourceError(
+            f"{what} needs about {need / GIB:.1f} GiB ({_describe(config)}), but {device} has "
+            f"{have / GIB:.1f} GiB available; use a smaller model or smaller batches"
+        )
+    return need
+
+
+def _describe(config: dict[str, Any]) -> str:
+    keys = ("n_layer", "n_embd", "n_head", "block_size", "vocab_size")
+    return ", ".join(f"{k} {config[k]}" for k in keys if k in config)

@@ -1,0 +1,469 @@
+"""Malformed inputs through every entry point that accepts them.
+
+    python tests/malformed_corpus.py [--entries python-m,rlhf,dvc,prefect] [--only NAME ...]
+                                     [--json PATH]
+
+Builds a tiny DVC project once (`dvc repro rm` on the test suite's tiny config), then for each
+case and each entry point that accepts its input: copies the project, plants the bad input,
+runs the command and checks what a user would see and what is left on disk:
+
+- a refused case exits non-zero with exactly one error line holding what the case names
+  (file, row and field, or params key), and no traceback anywhere in the output;
+- an accepted case (`1e-3` in params, a corrupt resume file, `--out` to a folder) exits 0;
+- no file changes outside the command's own outputs (DVC deletes a stage's outs before
+  running it: under `dvc repro` those and DVC's own files are the command's outputs).
+
+Entry points: `python -m rlhf.stages.X` (what dvc.yaml runs), `rlhf X` (the CLI), `dvc repro
+--single-item X`, and the Prefect `rlhf-stage` flow on a temporary Prefect server, whose task
+run must fail with the error as its state message. Prints a table; `--json` writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rlhf.stages.dvcfile import declared_stages
+
+from conftest import clean_env, init_dvc_repo, make_project
+
+ENTRIES = ("python-m", "rlhf", "dvc", "prefect")
+IGNORED = (".dvc/tmp", ".dvc/cache", "__pycache__", ".git/")  # tool state, not user files
+
+
+class RunsCode:
+    """What a malicious checkpoint holds: unpickling it would run a shell command."""
+
+    def __reduce__(self) -> tuple:
+        return (os.system, ("touch pwned",))
+
+
+@dataclass
+class Case:
+    name: str
+    plant: Callable[[Path], None]  # writes the bad input into a copy of the project
+    expect: str  # what the error line must hold; "" for a case that must be accepted
+    stage: str | None = None  # run through every stage entry point
+    commands: dict[str, list[str]] = field(default_factory=dict)  # entry -> `rlhf` args
+    outputs: tuple[str, ...] = ()  # what the command may write besides a stage's outputs
+    file_size_limit: int | None = None  # bytes: a disk that fills up
+    entries: tuple[str, ...] = ENTRIES  # the entry points that can take this input
+
+
+# -- planting helpers -------------------------------------------------------------------------
+
+
+def edit_params(changes: dict) -> Callable[[Path], None]:
+    def plant(project: Path) -> None:
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        for key, value in changes.items():
+            group, _, name = key.partition(".")
+            if name:
+                params.setdefault(group, {})[name] = value
+            else:
+                params[group] = value
+        (project / "params.yaml").write_text(yaml.safe_dump(params))
+
+    return plant
+
+
+def params_text(old: str, new: str) -> Callable[[Path], None]:
+    """Edit params.yaml as text, as a user types it (`.inf`, `1e-3`, a syntax error)."""
+
+    def plant(project: Path) -> None:
+        path = project / "params.yaml"
+        text = path.read_text()
+        assert old in text, old
+        path.write_text(text.replace(old, new, 1))
+
+    return plant
+
+
+def write_bytes(relative: str, content: bytes) -> Callable[[Path], None]:
+    def plant(project: Path) -> None:
+        path = project / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+
+    return plant
+
+
+def jsonl(*records: object) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def parquet(rows: list[dict], schema: pa.Schema | None = None) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        return path.read_bytes()
+
+
+def both(*plants: Callable[[Path], None]) -> Callable[[Path], None]:
+    def plant(project: Path) -> None:
+        for p in plants:
+            p(project)
+
+    return plant
+
+
+def checkpoint_with(transform: Callable[[dict], object]) -> Callable[[Path], None]:
+    """Rewrite artifacts/sft/model.pt as `transform(its payload)` (saved with torch.save)."""
+
+    def plant(project: Path) -> None:
+        path = project / "artifacts" / "sft" / "model.pt"
+        payload = torch.load(path, weights_only=True)
+        torch.save(transform(payload), path)
+
+    return plant
+
+
+def truncate(relative: str, keep: int) -> Callable[[Path], None]:
+    def plant(project: Path) -> None:
+        path = project / relative
+        path.write_bytes(path.read_bytes()[:keep])
+
+    return plant
+
+
+def remove(relative: str) -> Callable[[Path], None]:
+    def plant(project: Path) -> None:
+        path = project / relative
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    return plant
+
+
+DEMO = {"prompt": "Say hi.", "response": "Hi!"}
+HH_OK = "\n\nHuman: Say hi.\n\nAssistant: Hi!"
+SFT = "artifacts/sft/model.pt"
+IMPORT = ["import", "in.jsonl", "--out", "out.parquet"]
+
+
+def imported(kind: str = "sft", name: str = "in.jsonl") -> dict[str, list[str]]:
+    return {"rlhf": ["import", name, "--kind", kind, "--out", "out.parquet"]}
+
+
+CASES = [
+    # params.yaml
+    Case("params: lr written 1e-2 (text to PyYAML)", params_text("  lr: 0.01\n", "  lr: 1e-2\n"),
+         "", stage="sft"),
+    Case("params: seed 2**64", edit_params({"seed": 2**64}), "seed = 18446744073709551616",
+         stage="prepare"),
+    Case("params: eval_max_new_tokens 100000", edit_params({"sft.eval_max_new_tokens": 100000}),
+         "sft.eval_max_new_tokens = 100000", stage="sft"),
+    Case("params: dpo.beta .inf", params_text("dpo:\n", "dpo:\n  beta: .inf\n"),
+         "dpo.beta = inf", stage="dpo"),
+    Case("params: ppo.kl_coef .inf", params_text("  kl_coef: 0.2\n", "  kl_coef: .inf\n"),
+         "ppo.kl_coef = inf", stage="rl@ppo"),
+    Case("params: model too big for memory",
+         edit_params({"model": {"n_layer": 96, "n_head": 128, "n_embd": 16384}}),
+         "sft needs about", stage="sft"),
+    Case("params: unknown key", edit_params({"sft.learning_rate": 0.1}),
+         "unknown key 'sft.learning_rate'", stage="sft"),
+    Case("params: wrong type", edit_params({"sft.batch_size": "big"}),
+         "sft.batch_size = 'big' has the wrong type", stage="sft"),
+    Case("params: not YAML", params_text("seed: 7\n", "seed: [7\n"), "params.yaml",
+         stage="prepare"),
+    Case("params: unknown RL algorithm", edit_params({"rl_algorithms": ["ppo", "sac"]}),
+         "'sac'", stage="rl@sac"),
+    Case("params: n_head does not divide n_embd", edit_params({"model.n_head": 5}),
+         "model.n_head = 5 must divide", stage="sft"),
+    Case("params: device cuda without a GPU", edit_params({"device": "cuda"}),
+         "device: cuda", stage="sft"),
+    # the user's data files
+    Case("jsonl: invalid UTF-8", write_bytes("in.jsonl", jsonl(DEMO) + b'{"prompt": "\xff"}\n'),
+         "in.jsonl: line 2: invalid UTF-8 at byte offset",
+         commands={**imported(), "rlhf score": ["score", "artifacts/rm/model.pt", "--file",
+                                                "in.jsonl"]}),
+    Case("jsonl: a 2 MB row", write_bytes("in.jsonl", jsonl(DEMO, {"prompt": "x" * 2_000_000,
+                                                                   "response": "y"})),
+         "in.jsonl: row 1: 2,000,0", commands={**imported(), "rlhf score": [
+             "score", "artifacts/rm/model.pt", "--file", "in.jsonl"]}),
+    Case("jsonl: a line that is not JSON", write_bytes("in.jsonl", jsonl(DEMO) + b"{oops\n"),
+         "in.jsonl: row 1: not valid JSON", commands=imported()),
+    Case("jsonl: a row that is not an object", write_bytes("in.jsonl", jsonl(DEMO, [1, 2])),
+         "in.jsonl: row 1: expected a JSON object", commands=imported()),
+    Case("jsonl: missing response", write_bytes("in.jsonl", jsonl({"prompt": "a"})),
+         "in.jsonl: row 0, field 'response': is null", commands=imported()),
+    Case("jsonl: empty response", write_bytes("in.jsonl", jsonl({"prompt": "a", "response": " "})),
+         "in.jsonl: row 0, field 'response': is empty", commands=imported()),
+    Case("hh: transcript ends with a Human turn",
+         write_bytes("in.jsonl", jsonl({"chosen": HH_OK + "\n\nHuman: thanks",
+                                        "rejected": HH_OK.replace("Hi!", "No.")})),
+         "in.jsonl: row 0, field 'chosen': ends with a Human turn", commands=imported("hh")),
+    Case("hh: no Assistant turn", write_bytes("in.jsonl", jsonl({"chosen": "\n\nHuman: hi",
+                                                                 "rejected": HH_OK})),
+         "in.jsonl: row 0, field 'chosen': has no", commands=imported("hh")),
+    Case("pairwise: identical chosen and rejected",
+         write_bytes("in.jsonl", jsonl({"prompt": "q", "chosen": "a", "rejected": "a"})),
+         "in.jsonl: row 0, field 'rejected': the same text", commands=imported("pairwise")),
+    Case("ranked: one response", write_bytes("in.jsonl", jsonl(
+        {"prompt": "q", "responses": [{"text": "a", "rank": 0}]})),
+         "in.jsonl: row 0, field 'responses': needs at least 2", commands=imported("ranked")),
+    Case("ranked: every rank equal", write_bytes("in.jsonl", jsonl(
+        {"prompt": "q", "responses": [{"text": "a", "rank": 0}, {"text": "b", "rank": 0}]})),
+         "in.jsonl: row 0, field 'ranks': all responses share one rank",
+         commands=imported("ranked")),
+    Case("ranked: negative rank", write_bytes("in.jsonl", jsonl(
+        {"prompt": "q", "responses": [{"text": "a", "rank": -1}, {"text": "b", "rank": 0}]})),
+         "in.jsonl: row 0, field 'ranks': expected non-negative", commands=imported("ranked")),
+    Case("parquet: response column of integers",
+         write_bytes("in.parquet", parquet([{"prompt": "a", "response": 1}])),
+         "in.parquet: row 0, field 'response': expected text",
+         commands=imported(name="in.parquet")),
+    Case("parquet: truncated file", both(write_bytes("in.parquet", parquet([DEMO])),
+                                         truncate("in.parquet", 20)),
+         "in.parquet: not a readable Parquet file", commands=imported(name="in.parquet")),
+    Case("import: a .csv file", write_bytes("in.csv", b"prompt,response\na,b\n"),
+         "in.csv: expected a .jsonl or .parquet file", commands=imported(name="in.csv")),
+    Case("import: missing file", lambda project: None, "in.jsonl: no such file",
+         commands=imported()),
+    Case("import: --out an existing folder (data/raw)", write_bytes("in.jsonl", jsonl(DEMO)),
+         "", commands={"rlhf": ["import", "in.jsonl", "--out", "data/raw"]},
+         outputs=("data/raw/sft.parquet",)),
+    Case("import: --out an existing file", both(write_bytes("in.jsonl", jsonl(DEMO)),
+                                                write_bytes("out.parquet", b"mine")),
+         "out.parquet exists; pass --force", commands=imported()),
+    Case("data/raw/sft.parquet: a null response",
+         both(write_bytes("data/raw/sft.parquet", parquet(
+             [{**DEMO, "task": "user", "source": "s"}] * 30
+             + [{"prompt": "a", "response": None, "task": "user", "source": "s"}])),
+              edit_params({"data.source": "files"})),
+         "data/raw/sft.parquet: row 30, field 'response': is null", stage="prepare"),
+    Case("data.source files without data/raw/sft.parquet", edit_params({"data.source": "files"}),
+         "data/raw/sft.parquet does not exist", stage="prepare"),
+    # checkpoints
+    Case("checkpoint: runs code when unpickled", checkpoint_with(lambda p: {**p, "x": RunsCode()}),
+         f"{SFT}: refused", stage="collect",
+         commands={"rlhf generate": ["generate", SFT, "-p", "hi"]}),
+    Case("checkpoint: truncated", truncate(SFT, 4096), f"{SFT}: not a readable checkpoint",
+         stage="collect", commands={"rlhf generate": ["generate", SFT, "-p", "hi"]}),
+    Case("checkpoint: empty file", write_bytes(SFT, b""), f"{SFT}: an empty file",
+         stage="collect", commands={"rlhf generate": ["generate", SFT, "-p", "hi"]}),
+    Case("checkpoint: lacks its weights",
+         checkpoint_with(lambda p: {k: v for k, v in p.items() if k != "model"}),
+         f"{SFT}: checkpoint lacks 'model'", stage="collect",
+         commands={"rlhf generate": ["generate", SFT, "-p", "hi"]}),
+    Case("checkpoint: a policy given as reward model", lambda project: None,
+         f"{SFT} is a policy checkpoint, not a reward model",
+         commands={"rlhf score": ["score", SFT, "-p", "hi", "-r", "x"]}),
+    Case("checkpoint: missing file", lambda project: None, "nope.pt: no such checkpoint",
+         commands={"rlhf generate": ["generate", "nope.pt", "-p", "hi"]}),
+    Case("input: prompts file deleted", remove("data/prepared/prompts_train.parquet"),
+         "data/prepared/prompts_train.parquet", stage="collect"),
+    Case("input: tokenizer deleted", remove("artifacts/tokenizer"), "artifacts/tokenizer",
+         stage="sft"),
+    # resume state and the disk
+    Case("resume: garbage .rlhf/resume/sft.pt (and params changed, so DVC reruns sft)",
+         both(write_bytes(".rlhf/resume/sft.pt", b"\x00garbage"),
+              write_bytes(".rlhf/resume/.sft.pt.k1ll3d.tmp/half", b"half"),
+              edit_params({"sft.epochs": 3})), "", stage="sft"),
+    Case("disk: full while writing outputs", lambda project: None, "could not write",
+         stage="prepare", file_size_limit=2048, entries=("python-m", "rlhf")),
+]  # fmt: skip
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def stage_commands(stage: str) -> dict[str, list[str]]:
+    name, _, item = stage.partition("@")
+    module = [sys.executable, "-m", f"rlhf.stages.{name}", *([item] if item else [])]
+    cli = [sys.executable, "-m", "rlhf.cli", name, *([item] if item else [])]
+    return {"python-m": module, "rlhf": cli, "dvc": ["dvc", "repro", "--single-item", stage],
+            "prefect": ["prefect", stage]}  # fmt: skip
+
+
+def allowed_outputs(case: Case, entry: str) -> tuple[str, ...]:
+    """Paths (prefixes) the command may change."""
+    allowed = list(case.outputs)
+    if case.stage:
+        name, _, item = case.stage.partition("@")
+        spec = declared_stages()[name].filled(item or None)
+        allowed += [str(p) for p in spec.outputs]
+        allowed += [".rlhf/"]  # resume state, the stage's own
+        if entry in ("dvc", "prefect"):
+            allowed += ["dvc.lock"]
+    return tuple(allowed)
+
+
+def snapshot(project: Path) -> dict[str, str]:
+    files = {}
+    for path in project.rglob("*"):
+        relative = str(path.relative_to(project))
+        if path.is_file() and not any(part in relative for part in IGNORED):
+            files[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def changed_outside(before: dict, after: dict, allowed: tuple[str, ...], entry: str) -> list[str]:
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    if entry in ("dvc", "prefect"):  # DVC lists a stage's outs in .gitignore files
+        changed = {k for k in changed if not k.endswith(".gitignore")}
+    return sorted(k for k in changed if not k.startswith(allowed))
+
+
+def run_command(argv: list[str], cwd: Path, limit: int | None) -> tuple[int, str]:
+    def cap_file_size() -> None:
+        if limit:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run(
+        argv, cwd=cwd, env=clean_env() | {"COLUMNS": "80"}, capture_output=True, text=True,
+        preexec_fn=cap_file_size, timeout=600,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_prefect(stage: str, cwd: Path) -> tuple[int, str]:
+    """The `rlhf-stage` flow in this process (the Prefect server is already up): the task
+    run's final state message is what a user sees in the Prefect UI."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from rlhf.flows.pipeline import stage_flow
+
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        state = stage_flow(stage=stage, retries=0, return_state=True)
+    finally:
+        os.chdir(previous)
+    if state.is_completed():
+        return 0, ""
+    runs_of = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=runs_of)
+    messages = [f"error: {r.state.message}" for r in runs if r.state and r.state.is_failed()]
+    return 1, "\n".join(messages) or f"flow failed: {state.message}"
+
+
+def error_line(output: str) -> str | None:
+    """Our one `error:` line, or DVC's `ERROR:` line when DVC refused before the stage ran."""
+    ours = [line for line in output.splitlines() if line.startswith("error: ")]
+    if len(ours) == 1:
+        return ours[0]
+    theirs = [line for line in output.splitlines() if line.startswith("ERROR: ")]
+    return theirs[0] if not ours and theirs else None
+
+
+def verdict(case: Case, status: int, output: str, changed: list[str]) -> dict:
+    line = error_line(output)
+    traceback = "Traceback" in output
+    if case.expect:
+        ok = status != 0 and line is not None and case.expect in line and not traceback
+    else:
+        ok = status == 0 and not traceback
+    ok = ok and not changed
+    return {"ok": ok, "status": status, "traceback": traceback, "changed": changed,
+            "line": line if case.expect else None}  # fmt: skip
+
+
+def entries_of(case: Case, wanted: set[str]) -> dict[str, list[str]]:
+    commands = {}
+    if case.stage:
+        commands |= stage_commands(case.stage)
+    for entry, args in case.commands.items():
+        commands[entry] = [sys.executable, "-m", "rlhf.cli", *args]
+    usable = wanted & set(case.entries)
+    return {e: argv for e, argv in commands.items() if e.split()[0] in usable}
+
+
+def build_base(root: Path) -> Path:
+    project = init_dvc_repo(make_project(root / "base"))
+    done = subprocess.run(["dvc", "repro", "rm"], cwd=project, env=clean_env(),
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(done.stdout + done.stderr)
+    return project
+
+
+def main(argv: list[str] | None = None, base: Path | None = None) -> int:
+    """Run the corpus; `base`, a project already trained up to the reward model, saves
+    building one (the `rlhf` and `python-m` entry points need no DVC repository)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", default=",".join(ENTRIES))
+    parser.add_argument("--only", nargs="*", help="Case names (substrings) to run.")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    wanted = set(args.entries.split(","))
+    cases = [c for c in CASES if not args.only or any(o in c.name for o in args.only)]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if base is None:
+            started = time.perf_counter()
+            base = build_base(Path(tmp))
+            print(f"base project built in {time.perf_counter() - started:.0f}s", file=sys.stderr)
+        harness = None
+        if "prefect" in wanted:
+            from prefect.testing.utilities import prefect_test_harness
+
+            harness = prefect_test_harness(server_startup_timeout=60)
+            harness.__enter__()
+        try:
+            for case in cases:
+                for entry, command in entries_of(case, wanted).items():
+                    project = Path(tmp) / "case"
+                    shutil.rmtree(project, ignore_errors=True)
+                    shutil.copytree(base, project, symlinks=True)
+                    case.plant(project)
+                    before = snapshot(project)
+                    if entry == "prefect":
+                        status, output = run_prefect(case.stage or "", project)
+                    else:
+                        status, output = run_command(command, project, case.file_size_limit)
+                    allowed = allowed_outputs(case, entry)
+                    changed = changed_outside(before, snapshot(project), allowed, entry)
+                    row = {"case": case.name, "entry": entry} | verdict(
+                        case, status, output, changed
+                    )
+                    if not row["ok"]:
+                        row["output"] = output[-2000:]
+                    rows.append(row)
+                    print(("ok  " if row["ok"] else "FAIL") + f" {case.name} [{entry}]",
+                          file=sys.stderr)  # fmt: skip
+        finally:
+            if harness is not None:
+                harness.__exit__(None, None, None)
+    print_table(rows, len(cases))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def print_table(rows: list[dict], n_cases: int) -> None:
+    print("| case | entry point | exit | one-line error naming the input | traceback | "
+          "files changed outside outputs |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        line = "(accepted)" if r["line"] is None and r["ok"] else (r["line"] or "-")
+        print(f"| {r['case']} | {r['entry']} | {r['status']} | {line} | "
+              f"{'yes' if r['traceback'] else 'no'} | {len(r['changed'])} |")  # fmt: skip
+    good = sum(r["ok"] for r in rows)
+    tracebacks = sum(r["traceback"] for r in rows)
+    changed = sum(len(r["changed"]) for r in rows)
+    print(f"\n{n_cases} cases, {len(rows)} runs: {good}/{len(rows)} as expected "
+          f"({100 * good / len(rows):.0f}%), {tracebacks} tracebacks, {changed} files changed "
+          "outside the commands' outputs")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Fault injection on the tiny config: what a failed or interrupted command leaves behind.
+
+Each failure must end in one `error:` line and a non-zero exit, change nothing outside the
+command's own outputs, and leave the next run able to go on (issue 18's acceptance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rlhf.cli import app
+from rlhf.data.schemas import SFT_SCHEMA, read_rows
+from rlhf.errors import ResourceError
+from rlhf.models import checkpoint
+from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.params import OptimParams
+from rlhf.stages import dpo
+from rlhf.stages.entry import DEBUG_ENV
+from rlhf.train import loop
+from rlhf.train.guard import NonFiniteError
+from rlhf.train.memory import Workload, preflight
+
+from conftest import (
+    assert_resume_matches,
+    clean_env,
+    init_dvc_repo,
+    kill_at_first_save,
+    make_project,
+    run_module,
+    write_params,
+)
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree(directory) -> dict[str, str]:
+    """Every file under `directory` with its digest."""
+    return {
+        str(p.relative_to(directory)): digest(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def one_error_line(stderr: str, *needles: str) -> str:
+    """The single `error:` line of a failed command, which must hold every needle."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def copy_of(trained_project, directory):
+    shutil.copytree(trained_project, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    return directory
+
+
+# -- `rlhf import --out` -------------------------------------------------------------------
+
+
+def demos_file(tmp_path):
+    path = tmp_path / "demos.jsonl"
+    path.write_text(json.dumps({"prompt": "Say hi.", "response": "Hi!"}) + "\n")
+    return path
+
+
+def test_import_into_an_existing_folder_writes_inside_and_keeps_every_file(tmp_path):
+    project = make_project(tmp_path / "p")
+    raw = project / "data" / "raw"
+    (raw / "comparisons.parquet").write_bytes(b"the user's comparisons")
+    before = tree(raw)
+    result = CliRunner().invoke(app, ["import", str(demos_file(tmp_path)), "--out", str(raw)])
+    assert result.exit_code == 0, result.output
+    assert raw.is_dir()
+    after = tree(raw)
+    assert {k: v for k, v in after.items() if k != "sft.parquet"} == before
+    assert read_rows(raw / "sft.parquet", SFT_SCHEMA)[0]["response"] == "Hi!"
+
+
+def test_import_replaces_an_existing_file_only_with_force(tmp_path):
+    out = tmp_path / "mine.parquet"
+    out.write_bytes(b"not ours")
+    runner, source = CliRunner(), str(demos_file(tmp_path))
+    refused = runner.invoke(app, ["import", source, "--out", str(out)])
+    assert refused.exit_code == 2
+    assert "mine.parquet exists; pass --force" in refused.output
+    assert out.read_bytes() == b"not ours"
+    forced = runner.invoke(app, ["import", source, "--out", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert read_rows(out, SFT_SCHEMA)[0]["prompt"] == "Say hi."
+
+
+# -- non-finite losses ----------------------------------------------------------------------
+
+
+def test_nan_loss_stops_the_loop_before_its_update_and_names_the_last_resume(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    ids = torch.randint(0, 16, (4, 8))
+    weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    def batch_loss(rows: list[int]) -> tuple[torch.Tensor, int]:
+        step = len(weights) + 1
+        weights[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        loss = model(ids[rows]).logsumexp(-1).mean()
+        return (loss * float("nan") if step == 3 else loss), 8
+
+    resume = tmp_path / "resume.pt"
+    opt = OptimParams(epochs=5, batch_size=2, save_every=2, warmup_steps=0)
+    with pytest.raises(NonFiniteError) as caught:
+        loop.fit(
+            model, opt, seed=0, n_examples=4, batch_loss=batch_loss, evaluate=dict,
+            device=torch.device("cpu"), resume_file=resume, fingerprint="f", log=lambda _: None,
+        )  # fmt: skip
+    message = str(caught.value)
+    assert message.startswith("training step 3: non-finite train_loss nan")
+    assert f"last good resume state: {resume} (step 2)" in message
+    for name, tensor in model.state_dict().items():  # the NaN step changed nothing
+        assert torch.equal(tensor, weights[3][name]), name
+    assert checkpoint.load(resume)["step"] == 2
+
+
+def test_nan_loss_stops_the_dpo_stage_and_changes_no_output(trained_project, tmp_path, monkeypatch):
+    """With a loss that turns NaN at step 2, today's main trained on and wrote NaN weights
+    and metrics; now the stage stops with the step and the terms, and writes nothing."""
+    project = copy_of(trained_project, tmp_path / "p")
+    outputs = {p: digest(project / p) for p in ("artifacts/dpo/model.pt", "metrics/dpo.json")}
+    write_params(project, {"dpo.save_every": 100})
+    pair_loss, calls = dpo.pair_loss, []
+
+    def poisoned(*args, **kwargs):
+        loss, stats, tokens = pair_loss(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            return loss * float("inf") * 0, {**stats, "reward_margin": float("nan")}, tokens
+        return loss, stats, tokens
+
+    monkeypatch.setattr(dpo, "pair_loss", poisoned)
+    monkeypatch.chdir(project)
+    with pytest.raises(NonFiniteError, match=r"step 2: non-finite train_loss nan, reward_margin"):
+        dpo.run()
+    assert {p: digest(project / p) for p in outputs} == outputs
+
+
+# -- resume state ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage, not a checkpoint", "truncated"])
+def test_unreadable_resume_state_is_moved_aside_and_ignored(tmp_path, content):
+    resume = tmp_path / "sft.pt"
+    if content == "truncated":
+        checkpoint.save(resume, {"step": 3, "fingerprint": "f", "x": torch.ones(1000)})
+        content = resume.read_bytes()[:-100]
+    resume.write_bytes(content)
+    logged: list[str] = []
+    assert checkpoint.load_resume(resume, "f", ("step",), logged.append) is None
+    assert not resume.exists()
+    (aside,) = tmp_path.glob("sft.pt.unreadable-*")
+    assert aside.read_bytes() == content
+    assert len(logged) == 1 and "starting fresh" in logged[0] and str(aside) in logged[0]
+
+
+def test_resume_state_lacking_keys_is_moved_aside(tmp_path):
+    resume = tmp_path / "sft.pt"
+    checkpoint.save(resume, {"fingerprint": "f"})
+    assert checkpoint.load_resume(resume, "f", ("model", "step"), lambda _: None) is None
+    assert list(tmp_path.glob("sft.pt.unreadable-*"))
+
+
+def test_sft_starts_fresh_over_garbage_resume_state_and_clears_stale_temporaries(
+    trained_project, tmp_path
+):
+    """Today's main failed with a traceback on every rerun until the file was deleted."""
+    project = make_project(tmp_path / "p")
+    shutil.copytree(trained_project / "data" / "prepared", project / "data" / "prepared")
+    shutil.copytree(
+        trained_project / "artifacts" / "tokenizer", project / "artifacts" / "tokenizer"
+    )
+    resume_dir = project / ".rlhf" / "resume"
+    resume_dir.mkdir(parents=True)
+    (resume_dir / "sft.pt").write_bytes(b"\x00" * 64)
+    stale = [resume_dir / ".sft.pt.k1ll3d.tmp", project / "artifacts" / "sft" / ".model.pt.x.tmp"]
+    for path in stale:
+        path.mkdir(parents=True)
+        (path / "half").write_bytes(b"half-written")
+    rerun = run_module("rlhf.stages.sft", project)
+    assert "moved to" in rerun.stderr and "starting fresh" in rerun.stderr
+    assert len(list(resume_dir.glob("sft.pt.unreadable-*"))) == 1
+    assert not any(path.exists() for path in stale)
+    resumed, uninterrupted = (
+        json.loads((p / "metrics" / "sft.json").read_text()) for p in (project, trained_project)
+    )
+    for metrics in (resumed, uninterrupted):
+        metrics.pop("tokens_per_s")
+    assert resumed == uninterrupted
+
+
+def test_killed_rm_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
+    project = copy_of(trained_project, tmp_path / "p")
+    for path in ("artifacts/rm", "metrics/rm.json"):
+        shutil.rmtree(project / path) if (project / path).is_dir() else (project / path).unlink()
+    write_params(project, {"rm.save_every": 2})
+    resume = kill_at_first_save(project, "rlhf.stages.rm", project / ".rlhf" / "resume" / "rm.pt")
+    assert not (project / "artifacts" / "rm" / "model.pt").exists()  # no half output
+    assert_resume_matches(project, trained_project, "rm", resume)
+
+
+# -- all outputs or none ----------------------------------------------------------------------
+
+
+def test_unwritable_metrics_leave_every_output_of_the_stage_as_it_was(trained_project, tmp_path):
+    """Today's main replaced artifacts/rm/model.pt, then failed on metrics/: a new model
+    beside old metrics. `metrics` is made a plain file, which no user can write into (file
+    modes would not stop the root user these tests may run as)."""
+    project = copy_of(trained_project, tmp_path / "p")
+    shutil.rmtree(project / "metrics")
+    (project / "metrics").write_text("not a folder")
+    write_params(project, {"rm.lr": 0.003})  # a new model would differ from the old one
+    before = tree(project)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhf.stages.rm"],
+        cwd=project, env=clean_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2
+    one_error_line(result.stderr, "metrics/rm", "cannot write there")
+    assert tree(project) == before
+
+
+def test_memory_preflight_refuses_what_the_device_cannot_hold():
+    huge = {"vocab_size": 50257, "block_size": 1024, "n_layer": 96, "n_head": 128, "n_embd": 16384}
+    with pytest.raises(ResourceError, match=r"needs about \d+\.\d GiB .* but cpu has"):
+        preflight("sft", "gpt", huge, Workload(sequences=32), torch.device("cpu"))
+    tiny = {"vocab_size": 400, "block_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 48}
+    assert 0 < preflight("sft", "gpt", tiny, Workload(sequences=16), torch.device("cpu")) < 2**30
+
+
+def test_a_model_too_big_for_the_machine_is_refused_in_one_line(trained_project, tmp_path):
+    project = copy_of(trained_project, tmp_path / "p")
+    write_params(project, {"model": {"n_layer": 96, "n_head": 128, "n_embd": 16384}})
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhf.stages.sft"],
+        cwd=project, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    one_error_line(result.stderr, "sft needs about", "GiB", "n_layer 96")
+
+
+# -- one line on every entry point -------------------------------------------------------------
+
+
+def test_params_error_is_one_line_from_python_m_cli_and_dvc(trained_project, tmp_path, monkeypatch):
+    project = init_dvc_repo(copy_of(trained_project, tmp_path / "p"))
+    write_params(project, {"sft.lr": "fast"})
+    module = subprocess.run(
+        [sys.executable, "-m", "rlhf.stages.sft"],
+        cwd=project, env=clean_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert module.returncode == 2
+    one_error_line(module.stderr, "params.yaml: sft.lr = 'fast' has the wrong type")
+
+    repro = subprocess.run(
+        ["dvc", "repro", "--single-item", "sft"],
+        cwd=project, env=clean_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert repro.returncode != 0
+    one_error_line(repro.stdout + repro.stderr, "params.yaml: sft.lr = 'fast'")
+
+    monkeypatch.chdir(project)
+    cli = CliRunner().invoke(app, ["sft"])
+    assert cli.exit_code == 2
+    one_error_line(cli.output, "sft.lr = 'fast'")
+
+    monkeypatch.setenv(DEBUG_ENV, "0")  # restored after the test: --debug sets it
+    debug = CliRunner().invoke(app, ["--debug", "sft"])
+    assert debug.exit_code != 0 and debug.exception is not None  # the traceback is kept
+
+
+def test_the_malformed_input_corpus_runs_and_its_cli_cases_pass(trained_project, capsys):
+    """A few cases of `tests/malformed_corpus.py` (the whole corpus takes minutes)."""
+    from malformed_corpus import CASES, main
+
+    assert len(CASES) >= 25
+    only = ["jsonl: invalid UTF-8", "import: --out an existing folder", "checkpoint: empty file"]
+    assert main(["--entries", "rlhf", "--only", *only], base=trained_project) == 0
+    table = capsys.readouterr().out
+    assert "5 runs: 5/5 as expected (100%), 0 tracebacks, 0 files changed" in table
