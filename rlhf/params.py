@@ -140,7 +140,7 @@ class OptimParams:
 @dataclass(frozen=True)
 class SFTParams(OptimParams):
     eval_max_new_tokens: int = spec(32, "Answer length cap when scoring held-out prompts.", ge=1)
-    eval_batch_size: int = spec(128, "Prompts per batched generation in evaluation.", ge=1)
+    eval_batch_size: int = spec(256, "Prompts per batched generation in evaluation.", ge=1)
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class CollectParams:
     temperature: float = spec(1.0, "Sampling temperature.", gt=0.0)
     top_p: float = spec(1.0, "Nucleus sampling mass.", gt=0.0, le=1.0)
     max_new_tokens: int = spec(32, "Answer length cap.", ge=1)
-    batch_size: int = spec(128, "Prompts per batched generation.", ge=1)
+    batch_size: int = spec(256, "Prompts per batched generation.", ge=1)
     label_noise: float = spec(
         0.25,
         "Target share of comparisons whose label disagrees with the gold judge (labelers agreed "
@@ -205,7 +205,7 @@ class RMParams(OptimParams):
 class DPOParams(OptimParams):
     """DPO on the SFT policy with the reward model's comparisons (Rafailov et al. 2023)."""
 
-    epochs: int = spec(3, "Passes over the comparisons.", ge=1)
+    epochs: int = spec(2, "Passes over the comparisons.", ge=1)
     batch_size: int = spec(8, "Prompts per step; each brings all its ranked pairs.", ge=1)
     lr: float = spec(
         3e-4,
@@ -275,7 +275,7 @@ class RLParams:
         ge=0,
     )
     log_samples_every: int = spec(10, "Iterations between logged sample answers.", ge=1)
-    eval_batch_size: int = spec(128, "Prompts per batched generation in evaluation.", ge=1)
+    eval_batch_size: int = spec(256, "Prompts per batched generation in evaluation.", ge=1)
     eval_samples: int = spec(
         4, "Answers sampled per held-out prompt, per policy, for the gold evaluation.", ge=1
     )
@@ -285,7 +285,7 @@ class RLParams:
 class PolicyOptimParams:
     """How an RL algorithm optimizes the policy: what every algorithm's group holds."""
 
-    steps: int = spec(120, "Iterations, each one rollout batch and its updates.", ge=1)
+    steps: int = spec(80, "Iterations, each one rollout batch and its updates.", ge=1)
     batch_size: int = spec(64, "Prompts per rollout.", ge=1)
     group_size: int = spec(1, "Answers sampled per prompt in a rollout.", ge=1)
     minibatch_size: int = spec(16, "Answers per gradient step in the update.", ge=1)
@@ -387,9 +387,17 @@ class EvaluateParams:
         "policies to the same prompt; more answers narrow the intervals less than more prompts.",
         ge=1,
     )
+    curve_samples: int = spec(
+        2,
+        "Answers sampled per held-out prompt at each RL snapshot of the over-optimization "
+        "curve. The curve's ends (SFT and the final policy) come from the `samples` answers; "
+        "the points between need only their mean gold score and KL, and evaluating every "
+        "snapshot with `samples` answers took most of the stage's time.",
+        ge=1,
+    )
     temperature: float = spec(1.0, "Sampling temperature of the sampled answers.", gt=0.0)
     max_new_tokens: int = spec(32, "Answer length cap, greedy and sampled.", ge=1)
-    batch_size: int = spec(128, "Answers generated per batch.", ge=1)
+    batch_size: int = spec(256, "Answers generated per batch.", ge=1)
     bootstrap_resamples: int = spec(
         2000,
         "Bootstrap resamples for the 95% intervals of win rates. Prompts are resampled, not "

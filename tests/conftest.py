@@ -57,6 +57,7 @@ TINY_PARAMS = {
     # one sample per prompt, as ppo.eval_samples: the two evaluations must then agree exactly
     "evaluate": {
         "samples": 1,
+        "curve_samples": 1,
         "max_new_tokens": 12,
         "bootstrap_resamples": 200,
         "examples_per_task": 1,
@@ -151,7 +152,8 @@ def clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def trained_project(tmp_path_factory) -> Path:
-    """Every stage on the tiny config, run once for the whole test run: under pytest-xdist
+    """Every stage on the tiny config, run once for the whole test run by `dvc repro` in a git
+    + DVC project: under pytest-xdist
     the first worker to ask builds it while the others wait on a file lock, then all share it
     (tests copy it before changing anything)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
@@ -166,12 +168,16 @@ def trained_project(tmp_path_factory) -> Path:
     return shared
 
 
+FIRST_REPRO_LOG = Path(".dvc") / "tmp" / "first-repro.log"  # in DVC's own scratch folder
+
+
 def train_tiny(directory: Path) -> Path:
-    project = make_project(directory)
-    for stage in ("prepare", "tokenizer", "sft", "collect", "rm"):
-        run_module(f"rlhf.stages.{stage}", project)
-    for algorithm in TINY_PARAMS["rl_algorithms"]:
-        run_module("rlhf.stages.rl", project, algorithm)
-    for stage in ("dpo", "evaluate"):
-        run_module(f"rlhf.stages.{stage}", project)
+    """A fresh git + DVC project run through `dvc repro`, as a user's first run is; DVC's
+    output is kept in FIRST_REPRO_LOG for the tests of that first run."""
+    project = init_dvc_repo(make_project(directory))
+    done = subprocess.run(
+        ["dvc", "repro"], cwd=project, env=clean_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (project / FIRST_REPRO_LOG).write_text(done.stdout)
     return project

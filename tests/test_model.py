@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.models.packing import mask_and_positions, pack, packed_hidden_states
 
 CONFIG = GPTConfig(vocab_size=97, block_size=40, n_layer=2, n_head=4, n_embd=32)
 
@@ -77,3 +78,51 @@ def test_context_limits_are_enforced(model):
         model(torch.zeros(1, CONFIG.block_size + 1, dtype=torch.long))
     with pytest.raises(ValueError, match="block_size"):
         model.new_cache(1, CONFIG.block_size + 1, torch.device("cpu"))
+
+
+def rollout_like_batch(lengths: list[tuple[int, int]], width: tuple[int, int]):
+    """Ids and real-token mask [B, P + N]: each row a left-padded prompt of p tokens and a
+    response of r tokens padded after it, as a rollout lays them out."""
+    prompt_width, response_width = width
+    ids = torch.randint(0, CONFIG.vocab_size, (len(lengths), prompt_width + response_width))
+    real = torch.zeros_like(ids, dtype=torch.bool)
+    for row, (p, r) in enumerate(lengths):
+        real[row, prompt_width - p : prompt_width + r] = True
+    return ids, real
+
+
+def test_packed_forward_matches_the_padded_one_at_every_real_token(model):
+    ids, real = rollout_like_batch([(3, 9), (8, 2), (5, 5), (1, 1), (8, 9)], (8, 9))
+    padded = model.hidden_states(ids, real)
+    packed = packed_hidden_states(model, ids, real)
+    torch.testing.assert_close(packed[real], padded[real], atol=1e-5, rtol=0)
+    assert (packed[~real] == 0).all()
+
+
+def test_packed_forward_gives_the_padded_gradients(model):
+    ids, real = rollout_like_batch([(4, 6), (7, 1), (2, 8)], (7, 8))
+    grads = []
+    for forward in (model.hidden_states, lambda i, m: packed_hidden_states(model, i, m)):
+        model.zero_grad()
+        torch.where(real, model.values(forward(ids, real)), 0.0).square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for padded, packed in zip(*grads, strict=True):
+        torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-4)
+
+
+def test_packing_fills_bins_up_to_capacity_and_restarts_positions():
+    ids = torch.arange(40).view(4, 10)
+    real = torch.zeros_like(ids, dtype=torch.bool)
+    for row, n in enumerate((10, 3, 6, 4)):
+        real[row, 10 - n :] = True
+    packing = pack(ids, real, capacity=10)
+    assert packing.ids.shape == (3, 10)  # 10 | 6 + 4 | 3: the longest first, each where it fits
+    assert sorted((packing.segments >= 0).sum(-1).tolist()) == [3, 10, 10]
+    assert torch.equal(packing.ids.flatten()[packing.source][real], ids[real])
+    mask, positions = mask_and_positions(packing.segments)
+    for segment, n in enumerate((10, 3, 6, 4)):
+        assert sorted(positions[packing.segments == segment].tolist()) == list(range(n))
+        rows = (packing.segments == segment).nonzero()
+        bin_, columns = rows[0, 0], rows[:, 1]
+        assert mask[bin_, 0][columns][:, columns].equal(torch.ones(n, n).tril().bool())
+        assert mask[bin_, 0][columns].sum() == n * (n + 1) // 2  # nothing outside its row

@@ -31,7 +31,6 @@ from rlhf.train.memory import Workload, preflight
 from conftest import (
     assert_resume_matches,
     clean_env,
-    init_dvc_repo,
     kill_at_first_save,
     make_project,
     run_module,
@@ -261,7 +260,7 @@ def test_a_model_too_big_for_the_machine_is_refused_in_one_line(trained_project,
 
 
 def test_params_error_is_one_line_from_python_m_cli_and_dvc(trained_project, tmp_path, monkeypatch):
-    project = init_dvc_repo(copy_of(trained_project, tmp_path / "p"))
+    project = copy_of(trained_project, tmp_path / "p")  # a DVC project already
     write_params(project, {"sft.lr": "fast"})
     module = subprocess.run(
         [sys.executable, "-m", "rlhf.stages.sft"],

@@ -74,13 +74,13 @@ def model(tok):
 
 def test_each_response_is_forwarded_once(model, tok, monkeypatch):
     rows_seen = []
-    original = model.hidden_states
+    original = model.packed_hidden_states
 
-    def counting_hidden(idx, *args, **kwargs):
-        rows_seen.append(idx.shape[0])
-        return original(idx, *args, **kwargs)
+    def counting_hidden(ids, segments):
+        rows_seen.append(len(segments[segments >= 0].unique()))  # rows packed in the forward
+        return original(ids, segments)
 
-    monkeypatch.setattr(model, "hidden_states", counting_hidden)
+    monkeypatch.setattr(model, "packed_hidden_states", counting_hidden)
     rows = [
         {"prompt": "p1", "responses": ["a", "b", "c", "d"], "ranks": [0, 1, 2, 3]},
         {"prompt": "p2", "responses": ["e", "f", "g"], "ranks": [2, 1, 0]},

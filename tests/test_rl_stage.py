@@ -148,15 +148,16 @@ def test_every_algorithm_learns_the_rule_reward_contains_number(trained_project,
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
-def test_updates_run_without_dropout_so_the_first_ratio_is_exactly_one(trained_project, algorithm):
+def test_updates_run_without_dropout_so_the_first_ratio_is_one(trained_project, algorithm):
     """With dropout 0.1 in the policy, the first minibatch of an update sees the very policy
-    that sampled the rollout: ratio 1, approx-KL and clip fraction exactly 0."""
+    that sampled the rollout: ratio 1 up to float rounding (the minibatch packs its rows into
+    other bins than the rollout's forward did), where dropout left a max |log-ratio| of 0.6."""
     one_minibatch = {"batch_size": 8, "minibatch_size": 32, "update_epochs": 1, "lr": 1e-3}
     if algorithm == "grpo":
         one_minibatch |= {"group_size": 4}
     trainer = trainer_for(trained_project, algorithm, one_minibatch, dropout=0.1)
     stats, _ = trainer.iteration()
-    assert stats["approx_kl"] == 0.0 and stats["clip_fraction"] == 0.0
+    assert stats["approx_kl"] < 1e-12 and stats["clip_fraction"] == 0.0
     assert not trainer.policy.training
 
 

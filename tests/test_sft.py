@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import torch
 
@@ -47,23 +48,24 @@ def test_checkpoint_loads_weights_only_with_identity(trained_project):
     assert not (trained_project / ".rlhf" / "resume" / "sft.pt").exists()
 
 
-def kill_sft_at_first_save(project):
-    """Run sft on prepared inputs and SIGKILL it as soon as it has saved resume state."""
-    run_module("rlhf.stages.prepare", project)
-    run_module("rlhf.stages.tokenizer", project)
+def kill_sft_at_first_save(project, trained_project):
+    """Run sft on the trained project's prepared data and tokenizer and SIGKILL it as soon as
+    it has saved resume state."""
+    for inputs in ("data/prepared", "artifacts/tokenizer"):
+        shutil.copytree(trained_project / inputs, project / inputs)
     return kill_at_first_save(project, "rlhf.stages.sft", project / ".rlhf" / "resume" / "sft.pt")
 
 
 def test_killed_sft_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
     project = make_project(tmp_path / "p")
-    resume = kill_sft_at_first_save(project)
+    resume = kill_sft_at_first_save(project, trained_project)
     assert not (project / "artifacts" / "sft" / "model.pt").exists()  # no half output
     assert_resume_matches(project, trained_project, "sft", resume)
 
 
-def test_resume_state_from_other_params_is_ignored(tmp_path):
+def test_resume_state_from_other_params_is_ignored(trained_project, tmp_path):
     project = make_project(tmp_path / "p")
-    kill_sft_at_first_save(project)
+    kill_sft_at_first_save(project, trained_project)
     write_params(project, {"sft.lr": 0.02})
     rerun = run_module("rlhf.stages.sft", project)
     assert "resuming" not in rerun.stderr

@@ -27,13 +27,14 @@ LOSSES = ("sigmoid", "ipo")
 
 def sequence_logprobs(model: Backbone, batch: SequenceBatch) -> Tensor:
     """log pi(response | prompt) per row [B]: the response tokens' log-probs, end token
-    included. Rows are right-padded, so a causal model's outputs at real positions ignore
-    the padding."""
+    included."""
     ids = batch.ids.to(next(model.parameters()).device)
     start = int(batch.response_start.min())
-    logprobs = response_forward(model, ids, None, start).logprobs  # [B, T - start]
-    position = torch.arange(start, ids.shape[1], device=ids.device)  # of each scored token
     first, length = batch.response_start.to(ids.device), batch.lengths.to(ids.device)
+    columns = torch.arange(ids.shape[1], device=ids.device)
+    real = columns < length[:, None]  # [B, T]
+    logprobs = response_forward(model, ids, real, start).logprobs  # [B, T - start]
+    position = columns[start:]  # of each scored token
     in_response = (position >= first[:, None]) & (position < length[:, None])
     return torch.where(in_response, logprobs, 0.0).sum(-1)
 

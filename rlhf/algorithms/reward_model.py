@@ -19,6 +19,7 @@ from rlhf.data.chat import encode_example
 from rlhf.data.comparisons import EncodedGroup, Pairs, ranking_pairs
 from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
+from rlhf.models.packing import packed_hidden_states
 
 
 def ranking_loss(rewards: Tensor, pairs: Pairs) -> Tensor:
@@ -28,16 +29,16 @@ def ranking_loss(rewards: Tensor, pairs: Pairs) -> Tensor:
 
 
 def pooled_rewards(model: Backbone, batch: SequenceBatch, pooling: str) -> Tensor:
-    """One scalar reward per row [B]: at the end token (`last`) or the mean over the response.
-
-    Right padding needs no attention mask: real tokens never attend to the pads after them.
-    """
+    """One scalar reward per row [B]: at the end token (`last`) or the mean over the response,
+    from a padding-free forward (the responses to one prompt differ in length)."""
     device = next(model.parameters()).device
-    per_token = model.rewards(model.hidden_states(batch.ids.to(device))).float()  # [B, T]
     lengths = batch.lengths.to(device)
+    positions = torch.arange(batch.ids.shape[1], device=device)[None]
+    real = positions < lengths[:, None]  # [B, T]
+    hidden = packed_hidden_states(model, batch.ids.to(device), real)
+    per_token = model.rewards(hidden).float()  # [B, T]
     if pooling == "last":
         return per_token.gather(1, (lengths - 1)[:, None]).squeeze(1)
-    positions = torch.arange(per_token.shape[1], device=device)[None]
     in_response = (positions >= batch.response_start.to(device)[:, None]) & (
         positions < lengths[:, None]
     )

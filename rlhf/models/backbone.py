@@ -43,6 +43,12 @@ class Backbone(nn.Module, ABC):
         """
 
     @abstractmethod
+    def packed_hidden_states(self, ids: Tensor, segments: Tensor) -> Tensor:
+        """Final hidden states [S, L, C] of rows packed back to back in ids [S, L]
+        (`rlhf.models.packing`): a token attends only to the earlier tokens of its own
+        segment [S, L], and positions restart at 0 with each segment."""
+
+    @abstractmethod
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Next-token logits [B, T, V] from hidden states [B, T, C]."""
 

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlhf.models import packing
 from rlhf.models.backbone import Backbone
 from rlhf.models.cache import KVCache, attention_mask_and_positions
 
@@ -170,6 +171,16 @@ class GPT(Backbone):
                 mask, positions = attention_mask_and_positions(attention_mask, start=0)
             else:
                 mask, positions = cache.prepare(attention_mask)
+        return self._trunk(ids, positions, mask, cache)
+
+    def packed_hidden_states(self, ids: Tensor, segments: Tensor) -> Tensor:
+        mask, positions = packing.mask_and_positions(segments)
+        return self._trunk(ids, positions, mask, None)
+
+    def _trunk(
+        self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
+        """Hidden states [B, T, C]; mask None takes the fast causal path."""
         x = self.drop(self.wte(ids) + self.wpe(positions))
         for block in self.blocks:
             x = block(x, mask, cache)

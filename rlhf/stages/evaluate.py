@@ -65,7 +65,8 @@ def evaluate_all(
     stage: StageRun, evaluate: Callable[..., ScoredAnswers], names: list[str]
 ) -> tuple[dict[str, dict[str, ScoredAnswers]], dict[str, list[dict[str, Any]]]]:
     """Every policy's sampled and greedy answers, and each RL policy's over-optimization
-    curve: SFT, then its snapshots along training, then the policy itself."""
+    curve: SFT, then its snapshots along training (`curve_samples` answers per prompt), then
+    the policy itself."""
     cfg, algorithms = stage.params.evaluate, stage.params.rl_algorithms
     sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     greedy = SamplingConfig(max_new_tokens=cfg.max_new_tokens, greedy=True)
@@ -88,7 +89,7 @@ def evaluate_all(
             for file in files:
                 bar.update(task, extra=f"{algorithm} {file.stem}")
                 model, payload = checkpoint.load_model(file, stage.tokenizer, stage.device)
-                along = evaluate(model, n=cfg.samples, config=sampling)
+                along = evaluate(model, n=cfg.curve_samples, config=sampling)
                 curve.append(curve_point(payload["step"], along))
                 bar.advance(task)
             curves[algorithm] = [*curve, curve_point(trained_steps[algorithm], sampled[algorithm])]
