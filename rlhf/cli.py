@@ -27,6 +27,7 @@ from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.errors import CheckpointError, OutputError
 from rlhf.models import checkpoint
+from rlhf.models.hf import save_folder
 from rlhf.params import RL_ALGORITHMS, describe
 from rlhf.sampling.generate import generate_texts
 from rlhf.sampling.sampler import SamplingConfig
@@ -375,6 +376,43 @@ def score(
     for p, r, value in zip(prompts, responses, rewards, strict=True):
         table.add_row(p, r, f"{value:+.3f}", f"{value / std:+.2f}")
     console.print(table)
+
+
+class ExportFormat(str, Enum):
+    hf = "hf"
+
+
+@command()
+def export(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A trained stage (sft, rm, dpo, ppo, grpo, reinforce, rloo) or a checkpoint (.pt)."
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="The folder to write; it must not exist.")],
+    export_format: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--format",
+            help="hf: a Hugging Face folder (config.json, model.safetensors, tokenizer files "
+            "and chat template) that transformers and vLLM load.",
+        ),
+    ] = ExportFormat.hf,
+    tokenizer_dir: Annotated[Path, typer.Option("--tokenizer")] = paths.TOKENIZER,
+) -> None:
+    """Write a trained policy (as a causal LM) or reward model (as a sequence classifier) as
+    a model folder other tools load."""
+    source = Path(model) if model.endswith(".pt") else paths.model_file(model)
+    if out.exists():
+        raise OutputError(f"{out} exists; export writes a new folder")
+    tok = load_tokenizer(tokenizer_dir)
+    policy, payload = checkpoint.load_model(source, tok, torch.device("cpu"))
+    save_folder(policy, out, tok, reward_model=payload["kind"] == "reward")
+    console.print(
+        f"exported {source} ({payload['kind']}, {policy.num_params() / 1e6:.2f}M parameters) "
+        f"to {out} as a Hugging Face {policy.name} folder"
+    )
 
 
 @command("params")

@@ -61,11 +61,12 @@ RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
 
 @dataclass(frozen=True)
 class TokenizerParams:
-    kind: Literal["bpe", "bytes", "tiktoken"] = spec(
+    kind: Literal["bpe", "bytes", "tiktoken", "pretrained"] = spec(
         "bpe",
         "`bpe`: byte-level BPE trained on the SFT training texts (tiktoken rank file); "
         "`bytes`: 256 byte tokens, no merges; `tiktoken`: a named tiktoken encoding, which needs "
-        "tiktoken's file cache (TIKTOKEN_CACHE_DIR) or network access.",
+        "tiktoken's file cache (TIKTOKEN_CACHE_DIR) or network access; `pretrained`: the "
+        "tokenizer of the model folder in `model.init`, used as is (required with a folder).",
     )
     vocab_size: int = spec(
         2048,
@@ -75,19 +76,56 @@ class TokenizerParams:
         le=200_000,
     )
     encoding: str = spec("gpt2", "Named tiktoken encoding for kind `tiktoken` (gpt2, cl100k_base).")
+    chat_template: Literal["auto", "chatml", "llama3", "plain"] = spec(
+        "auto",
+        "How kind `pretrained` frames a prompt and its answer: `auto` renders the folder's own "
+        "chat template (tokenizer_config.json), or `plain` when it has none; `chatml` (Qwen), "
+        "`llama3` and `plain` (prompt, a blank line, the answer, <|endoftext|>; GPT-2) are "
+        "built in.",
+    )
 
 
 @dataclass(frozen=True)
 class ModelParams:
+    init: str = spec(
+        "scratch",
+        "`scratch`: a GPT with the architecture below, randomly initialized; or the path of a "
+        "Hugging Face model folder (config.json, safetensors weights, tokenizer files) of "
+        "GPT-2, Llama-3.x, Qwen2/2.5 or Qwen3, whose architecture and weights the SFT stage "
+        "starts from (the fields below but block_size are then unused). Run `rlhf dvc-yaml` "
+        "after changing it, so that DVC tracks the folder.",
+    )
     n_layer: int = spec(4, "Transformer blocks.", ge=1, le=96)
     n_head: int = spec(4, "Attention heads; must divide n_embd.", ge=1, le=128)
     n_embd: int = spec(128, "Residual stream width.", ge=8, le=16384)
-    block_size: int = spec(96, "Context length in tokens (prompt + response).", ge=8, le=32768)
+    block_size: int = spec(
+        96,
+        "Context length in tokens (prompt + response). A pretrained model is cut to it: at "
+        "most its own context, and what an export declares.",
+        ge=8,
+        le=32768,
+    )
     mlp_width: int = spec(0, "Hidden units per MLP; 0 means 4 * n_embd as in GPT-2.", ge=0)
     dropout: float = spec(
         0.0, "Dropout in training. Keep 0 for RL: it makes PPO's ratios noisy.", ge=0.0, lt=1.0
     )
     bias: bool = spec(True, "Bias terms in Linear and LayerNorm layers.")
+
+
+@dataclass(frozen=True)
+class MemoryParams:
+    activation_checkpointing: bool = spec(
+        False,
+        "Recompute each transformer block in the backward pass instead of keeping its "
+        "activations (SFT, reward model, DPO, RL policy and critic): about a third more "
+        "compute for a fraction of the activation memory, for long contexts and large models.",
+    )
+    frozen_bf16: bool = spec(
+        False,
+        "Hold the models that are not trained (RL's reference policy, the policies collection "
+        "and evaluation sample from) in bfloat16 weights on CUDA: half their memory, at "
+        "bfloat16's precision for the KL they give. Ignored on the CPU.",
+    )
 
 
 @dataclass(frozen=True)
@@ -247,7 +285,9 @@ class RLParams:
         "rm",
         "`rm`: the reward model's score at the end token, divided by its recorded std; "
         "`rule:NAME`: a reward function registered in rlhf/algorithms/rules.py "
-        "(`rule:contains_number`, `rule:gold`); `ensemble`: the reward model plus the "
+        "(`rule:contains_number`, `rule:gold`); `hf:DIR`: a reward model trained elsewhere, a "
+        "one-label *ForSequenceClassification folder (GPT-2, Llama, Qwen) scoring through its "
+        "own tokenizer, its raw score as the reward; `ensemble`: the reward model plus the "
         "checkpoints in `ensemble`, combined by `ensemble_reduce` (min resists reward hacking).",
     )
     ensemble: tuple[str, ...] = spec((), "Extra reward-model checkpoints for `reward: ensemble`.")
@@ -421,7 +461,12 @@ class Params:
     tokenizer: TokenizerParams = field(
         default_factory=TokenizerParams, metadata={"doc": "Tokenizer stage."}
     )
-    model: ModelParams = field(default_factory=ModelParams, metadata={"doc": "GPT architecture."})
+    model: ModelParams = field(
+        default_factory=ModelParams, metadata={"doc": "The policy's starting point and context."}
+    )
+    memory: MemoryParams = field(
+        default_factory=MemoryParams, metadata={"doc": "Memory savers for large models."}
+    )
     data: DataParams = field(default_factory=DataParams, metadata={"doc": "Prepare stage."})
     sft: SFTParams = field(default_factory=SFTParams, metadata={"doc": "SFT stage."})
     collect: CollectParams = field(
@@ -459,15 +504,25 @@ class Params:
         }
 
     def __post_init__(self) -> None:
+        pretrained = self.model.init != "scratch"
+        if pretrained != (self.tokenizer.kind == "pretrained"):
+            raise ParamsError(
+                f"model.init = {self.model.init!r} needs tokenizer.kind: "
+                + ("pretrained (a pretrained model reads its own tokenizer)" if pretrained else
+                   "bpe, bytes or tiktoken (`pretrained` reads a model.init folder's tokenizer)")
+            )  # fmt: skip
         if self.model.n_embd % self.model.n_head:
             raise ParamsError(
                 f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"
             )
         reward = self.rl.reward
         is_rule = reward.startswith("rule:") and reward.removeprefix("rule:").strip()
-        if reward not in ("rm", "ensemble") and not is_rule:
+        external = reward.startswith("hf:") and reward.removeprefix("hf:").strip()
+        if reward not in ("rm", "ensemble") and not is_rule and not external:
             # the rule's name is checked against the registry when an RL stage builds it
-            raise ParamsError(f"rl.reward = {reward!r} is not 'rm', 'ensemble' or 'rule:NAME'")
+            raise ParamsError(
+                f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"
+            )
         if reward == "ensemble" and not self.rl.ensemble:
             raise ParamsError("rl.reward = 'ensemble' needs checkpoints in rl.ensemble")
         unknown_rl = sorted(set(self.rl_algorithms) - set(RL_ALGORITHMS))
@@ -588,9 +643,18 @@ def load_params(path: str | Path) -> Params:
     return parse_params(raw, str(path))
 
 
+def lookup(params: Params, key: str) -> Any:
+    """A group (`model`) or one key in it (`model.init`), as dvc.yaml's params name them."""
+    value: Any = params
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def group_hash(params: Params, *groups: str) -> str:
-    """A short fingerprint of the named groups, stored in checkpoints to tie them to params."""
-    payload = {g: _to_plain(getattr(params, g)) for g in groups}
+    """A short fingerprint of the named groups or keys, stored in checkpoints to tie them to
+    params."""
+    payload = {g: _to_plain(lookup(params, g)) for g in groups}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -122,7 +122,7 @@ def test_collate_masks_loss_to_response_and_end_token(tok):
     supervised = [[t for t in row if t != IGNORE_INDEX] for row in targets.tolist()]
     assert supervised[0] == [*b"xyz", tok.eos_id]
     assert supervised[1] == [*b"q", tok.eos_id]
-    assert inputs[0].tolist()[:7] == [tok.prompt_id, *b"ab", tok.response_id, *b"xyz"]
+    assert inputs[0].tolist()[:7] == [*tok.prefix, *b"ab", *tok.infix, *b"xyz"]
     assert inputs[0].tolist()[7:] == [tok.pad_id] * 2  # right padding, no loss on it
     # each target is the input shifted by one
     row = examples[0].ids
@@ -137,7 +137,7 @@ def test_truncation_keeps_end_token_and_response(tok, prompt_len, response_len):
     assert example.ids[-1] == tok.eos_id
     response = example.ids[example.response_start : -1]
     assert len(response) >= min(response_len, (block - 3) // 2)
-    assert example.ids[example.response_start - 1] == tok.response_id
+    assert example.ids[example.response_start - 1] == tok.infix[-1]
     if prompt_len > block:  # the prompt keeps its end, where the question is
         assert example.ids[example.response_start - 2] == ord("?")
 

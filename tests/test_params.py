@@ -15,9 +15,10 @@ from rlhf.params import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_shipped_params_file_is_valid_and_covers_every_field():
-    load_params(REPO / "params.yaml")
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+@pytest.mark.parametrize("name", ["params.yaml", "examples/qwen3-0.6b.params.yaml"])
+def test_shipped_params_files_are_valid_and_cover_every_field(name):
+    load_params(REPO / name)
+    raw = yaml.safe_load((REPO / name).read_text())
     shipped = {
         f"{group}.{key}" if isinstance(values, dict) else group
         for group, values in raw.items()
@@ -113,8 +114,12 @@ def test_cross_field_rules():
         parse_params({"rl_algorithms": ["ppo", "sac"]})
     with pytest.raises(ParamsError, match="distinct"):
         parse_params({"rl_algorithms": ["ppo", "ppo"]})
-    with pytest.raises(ParamsError, match=r"rl.reward = 'gold' is not 'rm', 'ensemble' or"):
+    with pytest.raises(ParamsError, match=r"rl.reward = 'gold' is not 'rm', 'hf:DIR', 'ens"):
         parse_params({"rl": {"reward": "gold"}})
+    with pytest.raises(ParamsError, match=r"needs tokenizer.kind: pretrained"):
+        parse_params({"model": {"init": "models/qwen3"}})
+    with pytest.raises(ParamsError, match=r"needs tokenizer.kind: bpe, bytes or tiktoken"):
+        parse_params({"tokenizer": {"kind": "pretrained"}})
     with pytest.raises(ParamsError, match=r"needs checkpoints in rl\.ensemble"):
         parse_params({"rl": {"reward": "ensemble"}})
 

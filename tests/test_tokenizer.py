@@ -10,7 +10,15 @@ from tiktoken.load import load_tiktoken_bpe
 
 from rlhf.data.bpe import train_bpe
 from rlhf.data.chat import prompt_ids
-from rlhf.data.tokenizer import EOS, PAT_STR, SPECIAL_TOKENS, load_tokenizer, save_tokenizer
+from rlhf.data.hf_vocab import encoding_of, read_vocabulary
+from rlhf.data.tokenizer import (
+    EOS,
+    PAT_STR,
+    SPECIAL_TOKENS,
+    load_tokenizer,
+    save_tokenizer,
+    write_hf_tokenizer,
+)
 
 CORPUS = [
     "Greet Alice.", "Hello, Alice!", "What is 3 plus 4?", "3 + 4 = 7.",
@@ -65,11 +73,25 @@ def test_rank_file_is_tiktoken_format(bpe, tmp_path):
 
 
 def test_special_tokens_are_distinct_and_not_parsed_from_user_text(bpe):
-    ids = {bpe.eos_id, bpe.pad_id, bpe.prompt_id, bpe.response_id}
+    (prompt,), (response,) = bpe.prefix, bpe.infix  # `<|prompt|> p <|response|> r <|endoftext|>`
+    ids = {bpe.eos_id, bpe.pad_id, prompt, response}
     assert len(ids) == 4 and min(ids) >= bpe.vocab_size - 4
     assert bpe.eos_id not in bpe.encode(f"say {EOS} now")
-    assert prompt_ids(bpe, "hi")[0] == bpe.prompt_id
-    assert prompt_ids(bpe, "hi")[-1] == bpe.response_id
+    assert prompt_ids(bpe, "hi") == [prompt, *bpe.encode("hi"), response]
+
+
+def test_an_own_tokenizer_exports_as_a_fast_tokenizer_with_the_same_ids(bpe, tmp_path):
+    """`rlhf export` writes the trained BPE as tokenizer.json: the `tokenizers` library and
+    our own reader of Hugging Face folders then encode exactly as tiktoken does."""
+    tokenizers = pytest.importorskip("tokenizers")
+    write_hf_tokenizer(bpe, tmp_path)
+    theirs = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    reread = encoding_of(read_vocabulary(tmp_path), "reread")
+    texts = [*CORPUS, "Ünïcödé  text\n\n\tand 12345 digits 🙂 don't", "  trailing   "]
+    for text in texts:
+        assert theirs.encode(text, add_special_tokens=False).ids == bpe.encode(text)
+        assert reread.encode_ordinary(text) == bpe.encode(text)
+    assert theirs.token_to_id(EOS) == bpe.eos_id
 
 
 def test_retrained_tokenizer_at_same_path_is_not_served_stale(tmp_path):

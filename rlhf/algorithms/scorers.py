@@ -1,4 +1,5 @@
-"""Sequence-level reward sources for RL: a reward model, a rule, or an ensemble of RMs.
+"""Sequence-level reward sources for RL: a reward model, one trained elsewhere, a rule, or an
+ensemble of RMs.
 
 Every source maps (prompts, responses) text to one score per response. Scoring text rather
 than the policy's token ids means a reward model sees exactly the tokenization it was trained
@@ -16,9 +17,9 @@ from torch import Tensor
 
 from rlhf.algorithms.reward_model import score
 from rlhf.algorithms.rules import RULES
-from rlhf.data.tokenizer import Tokenizer
-from rlhf.models import checkpoint
-from rlhf.models.backbone import Backbone
+from rlhf.data.tokenizer import Tokenizer, pretrained_tokenizer
+from rlhf.models import checkpoint, hf
+from rlhf.models.backbone import Backbone, freeze
 from rlhf.params import ParamsError
 
 Scorer = Callable[[Sequence[str], Sequence[str]], Tensor]
@@ -60,6 +61,29 @@ class RewardModelScorer:
 
 
 @dataclass
+class ExternalRewardScorer:
+    """A reward model trained elsewhere: a one-label `*ForSequenceClassification` folder in
+    Hugging Face layout (GPT-2, Llama or Qwen), which reads each conversation through its own
+    tokenizer and chat template and scores it at the last token, as transformers does. Its
+    raw score is the reward: its scale is the model's own, so `kl_coef` is tuned to it."""
+
+    model: Backbone
+    tokenizer: Tokenizer
+    batch_size: int = 64
+
+    @classmethod
+    def load(cls, folder: str | Path, device: torch.device) -> ExternalRewardScorer:
+        tokenizer = pretrained_tokenizer(folder)
+        return cls(freeze(hf.load_folder(folder, device)), tokenizer)
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> Tensor:
+        return score(
+            self.model, self.tokenizer, prompts, responses, pooling="last",
+            batch_size=self.batch_size,
+        ).float()  # fmt: skip
+
+
+@dataclass
 class RuleScorer:
     rule: Callable[[str, str], float]
 
@@ -90,7 +114,9 @@ def make_scorer(
     ensemble: Sequence[str | Path] = (),
     reduce: str = "min",
 ) -> Scorer:
-    """The reward source `rl.reward` names: `rm`, `rule:NAME` or `ensemble`."""
+    """The reward source `rl.reward` names: `rm`, `hf:DIR`, `rule:NAME` or `ensemble`."""
+    if reward.startswith("hf:"):
+        return ExternalRewardScorer.load(reward.removeprefix("hf:"), device)
     if reward == "rm":
         return RewardModelScorer.load(rm_path, tokenizer, device)
     if reward == "ensemble":
@@ -99,7 +125,7 @@ def make_scorer(
     name = reward.removeprefix("rule:")
     if not reward.startswith("rule:") or name not in RULES:
         raise ParamsError(
-            f"rl.reward = {reward!r} is not 'rm', 'ensemble' or one of "
+            f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or one of "
             + ", ".join(f"'rule:{n}'" for n in RULES)
         )
     return RuleScorer(RULES[name])

@@ -1,8 +1,11 @@
-"""The chat template: how a prompt and a response become one token sequence.
+"""The chat frame applied: how a prompt and a response become one token sequence.
 
-`<|prompt|> prompt <|response|> response <|endoftext|>`. Every model sees this one layout:
-SFT trains on it, sampling answers from its prompt part, the reward model and DPO score it.
-Changing it here changes it everywhere, and DVC reruns every stage that imports this module.
+`prefix prompt infix response end`, where the tokenizer holds the frame: the pipeline's own
+`<|prompt|> p <|response|> r <|endoftext|>`, or a pretrained model's chat template (ChatML,
+Llama-3, ...). Every model sees this one layout: SFT trains on it, sampling answers from its
+prompt part, the reward model and DPO score it. User text is encoded as ordinary text, so it
+can never produce a special token. Changing this module changes every stage that imports it,
+and DVC reruns them all.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ from rlhf.data.tokenizer import Tokenizer
 
 
 def _framed_prompt(tokenizer: Tokenizer, prompt_tokens: Sequence[int]) -> list[int]:
-    return [tokenizer.prompt_id, *prompt_tokens, tokenizer.response_id]
+    return [*tokenizer.prefix, *prompt_tokens, *tokenizer.infix]
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
-    """`<|prompt|> prompt <|response|>`: the context a policy answers from."""
+    """`prefix prompt infix`: the context a policy answers from."""
     return _framed_prompt(tokenizer, tokenizer.encode(prompt))
 
 
@@ -34,7 +37,7 @@ def decode_response(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
 
 @dataclass(frozen=True)
 class Example:
-    """One chat-formatted sequence: `<|prompt|> p <|response|> r <|endoftext|>`."""
+    """One chat-formatted sequence: `prefix p infix r end`."""
 
     ids: list[int]
     response_start: int  # index of the first response token in `ids`
@@ -45,12 +48,12 @@ def encode_example(tokenizer: Tokenizer, prompt: str, response: str, block_size:
     """Tokenize and fit into `block_size` tokens.
 
     Truncation cuts the prompt from the left (the question sits at its end) and the response
-    from the right, always keeps the end token, and gives the response at least half the
-    budget, so an overlong prompt never crowds the response out.
+    from the right, always keeps the frame and the end token, and gives the response at least
+    half the budget, so an overlong prompt never crowds the response out.
     """
     prompt_tokens = tokenizer.encode(prompt)
     response_tokens = tokenizer.encode(response)
-    budget = block_size - 3  # <|prompt|>, <|response|>, <|endoftext|>
+    budget = block_size - len(tokenizer.prefix) - len(tokenizer.infix) - 1
     if budget < 2:
         raise ValueError(f"block_size={block_size} is too small for the chat template")
     response_len = min(len(response_tokens), max(budget - len(prompt_tokens), budget // 2))

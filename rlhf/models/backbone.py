@@ -13,8 +13,10 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
-from rlhf.models.cache import KVCache
+from rlhf.models import packing
+from rlhf.models.cache import KVCache, input_mask_and_positions
 
 
 class Backbone(nn.Module, ABC):
@@ -26,6 +28,8 @@ class Backbone(nn.Module, ABC):
     config: Any
     value_head: nn.Linear
     reward_head: nn.Linear
+    # recompute each block in the backward pass instead of keeping its activations
+    activation_checkpointing: bool = False
 
     @property
     @abstractmethod
@@ -33,6 +37,14 @@ class Backbone(nn.Module, ABC):
         """Most tokens one sequence (prompt and response) may hold."""
 
     @abstractmethod
+    def trunk(
+        self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
+        """Final hidden states [B, T, C] of token ids [B, T] at `positions` [B, T] under the
+        attention `mask` [B, 1, T, L] (True = attend; None = plain causal attention, the fast
+        path); with a cache, ids holds only the tokens after those already cached, and the
+        cache advances past them. The one method an architecture implements for its forward."""
+
     def hidden_states(
         self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
@@ -41,33 +53,68 @@ class Backbone(nn.Module, ABC):
         attention_mask [B, T] marks real tokens (False = padding); None means no padding. With
         a cache, ids holds only the tokens after those already cached.
         """
+        mask, positions = input_mask_and_positions(ids, attention_mask, cache, self.max_seq_len)
+        return self.trunk(ids, positions, mask, cache)
 
-    @abstractmethod
     def packed_hidden_states(self, ids: Tensor, segments: Tensor) -> Tensor:
         """Final hidden states [S, L, C] of rows packed back to back in ids [S, L]
         (`rlhf.models.packing`): a token attends only to the earlier tokens of its own
         segment [S, L], and positions restart at 0 with each segment."""
+        mask, positions = packing.mask_and_positions(segments)
+        return self.trunk(ids, positions, mask, None)
+
+    def run_block(self, block: nn.Module, x: Tensor, *args: object) -> Tensor:
+        """One transformer block, checkpointed when activation checkpointing is on and a
+        backward pass will follow: its activations are then recomputed, not kept."""
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, x, *args, use_reentrant=False)
+        return block(x, *args)
 
     @abstractmethod
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Next-token logits [B, T, V] from hidden states [B, T, C]."""
 
     @abstractmethod
-    def new_cache(self, batch_size: int, max_len: int, device: torch.device) -> KVCache:
-        """An empty KV cache for decoding up to `max_len` tokens per row."""
+    def kv_layout(self) -> tuple[int, int, int]:
+        """What one token's KV cache holds: (layers, key/value heads, head dim)."""
 
     @abstractmethod
     def num_params(self) -> int:
         """Parameters that count toward the model's size, as its family reports it."""
 
     @abstractmethod
-    def activation_floats(self, seq_len: int) -> int:
-        """Floats one token of a training sequence of `seq_len` tokens keeps for the backward
-        pass, logits included: what the memory preflight multiplies by the tokens per step."""
+    def layer_activation_floats(self, seq_len: int) -> int:
+        """Floats one token of a training sequence of `seq_len` tokens keeps in one block for
+        the backward pass."""
 
-    @abstractmethod
+    def activation_floats(self, seq_len: int) -> int:
+        """Floats one token keeps for the backward pass, logits and their gradient included:
+        what the memory preflight multiplies by the tokens per step. Checkpointed, a block
+        keeps only its input, and one block at a time holds the rest while it is recomputed."""
+        layers, width = self.kv_layout()[0], self.config.n_embd
+        per_layer = self.layer_activation_floats(seq_len)
+        if self.activation_checkpointing:
+            return layers * width + per_layer + 3 * self.config.vocab_size
+        return layers * per_layer + 3 * self.config.vocab_size
+
     def cache_floats(self) -> int:
         """Floats one cached token takes in the KV cache during sampling."""
+        layers, heads, head_dim = self.kv_layout()
+        return 2 * layers * heads * head_dim
+
+    def new_cache(self, batch_size: int, max_len: int, device: torch.device) -> KVCache:
+        """An empty KV cache for decoding up to `max_len` tokens per row."""
+        if max_len > self.max_seq_len:
+            raise ValueError(f"KV cache of {max_len} tokens exceeds block_size={self.max_seq_len}")
+        layers, heads, head_dim = self.kv_layout()
+        return KVCache(
+            n_layer=layers,
+            n_head=heads,
+            head_dim=head_dim,
+            batch_size=batch_size,
+            max_len=max_len,
+            device=device,
+        )
 
     def forward(
         self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
@@ -103,3 +150,10 @@ class Backbone(nn.Module, ABC):
     def shift_rewards(self, offset: float) -> None:
         """Subtract `offset` from every reward this model gives."""
         self.reward_head.bias -= offset
+
+
+def freeze(model: Backbone, bf16: bool = False) -> Backbone:
+    """`model` for inference only: no gradients (so no optimizer state and no autograd
+    graph), eval mode, and bfloat16 weights when `bf16`."""
+    model.requires_grad_(False).eval()
+    return model.to(torch.bfloat16) if bf16 else model

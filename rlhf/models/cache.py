@@ -74,3 +74,21 @@ class KVCache:
 
     def advance(self, steps: int) -> None:
         self.length += steps
+
+
+def input_mask_and_positions(
+    ids: Tensor, attention_mask: Tensor | None, cache: KVCache | None, max_len: int
+) -> tuple[Tensor | None, Tensor]:
+    """Attention mask (None: the fast causal path) and positions for a forward over ids
+    [B, T]: without padding or a cache, plain causal attention and positions 0..T-1; else
+    what the padding (and the tokens already cached) allow."""
+    if cache is None and ids.shape[1] > max_len:
+        raise ValueError(f"{ids.shape[1]} tokens exceed block_size={max_len}")
+    if cache is None and attention_mask is None:
+        return None, torch.arange(ids.shape[1], device=ids.device)[None]
+    if attention_mask is None:
+        attention_mask = torch.ones_like(ids, dtype=torch.bool)
+    attention_mask = attention_mask.bool()
+    if cache is None:
+        return attention_mask_and_positions(attention_mask, start=0)
+    return cache.prepare(attention_mask)

@@ -11,14 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlhf.models import packing
 from rlhf.models.backbone import Backbone
-from rlhf.models.cache import KVCache, attention_mask_and_positions
+from rlhf.models.cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -31,6 +29,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     mlp_width: int = 0  # hidden units of each MLP; 0 means GPT-2's 4 * n_embd
+    gelu: str = "none"  # "tanh": the approximation GPT-2 was trained with (its "gelu_new")
 
     @property
     def mlp_hidden(self) -> int:
@@ -72,9 +71,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.gelu = config.gelu
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -129,61 +129,22 @@ class GPT(Backbone):
         """Parameters excluding position embeddings, as nanoGPT counts them."""
         return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
 
-    def activation_floats(self, seq_len: int) -> int:
-        """Korthikanti et al. (2022) per layer: 34 bytes per width unit and 5 per head and
-        position at two bytes a value, i.e. 17 and 2.5 floats; then the logits, their
-        log-softmax and its gradient."""
+    def layer_activation_floats(self, seq_len: int) -> int:
+        """Korthikanti et al. (2022): 34 bytes per width unit and 5 per head and position at
+        two bytes a value, i.e. 17 and 2.5 floats."""
         c = self.config
-        per_layer = 17 * c.n_embd + 5 * c.n_head * seq_len // 2
-        return c.n_layer * per_layer + 3 * c.vocab_size
+        return 17 * c.n_embd + 5 * c.n_head * seq_len // 2
 
-    def cache_floats(self) -> int:
-        return 2 * self.config.n_layer * self.config.n_embd
+    def kv_layout(self) -> tuple[int, int, int]:
+        c = self.config
+        return c.n_layer, c.n_head, c.n_embd // c.n_head
 
-    def new_cache(self, batch_size: int, max_len: int, device: torch.device) -> KVCache:
-        if max_len > self.config.block_size:
-            raise ValueError(
-                f"KV cache of {max_len} tokens exceeds block_size={self.config.block_size}"
-            )
-        return KVCache(
-            n_layer=self.config.n_layer,
-            n_head=self.config.n_head,
-            head_dim=self.config.n_embd // self.config.n_head,
-            batch_size=batch_size,
-            max_len=max_len,
-            device=device,
-        )
-
-    def hidden_states(
-        self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
-    ) -> Tensor:
-        """Without padding or a cache this takes the fast `is_causal` attention path."""
-        if cache is None and ids.shape[1] > self.config.block_size:
-            raise ValueError(f"{ids.shape[1]} tokens exceed block_size={self.config.block_size}")
-        if cache is None and attention_mask is None:
-            mask = None
-            positions = torch.arange(ids.shape[1], device=ids.device)[None]
-        else:
-            if attention_mask is None:
-                attention_mask = torch.ones_like(ids, dtype=torch.bool)
-            attention_mask = attention_mask.bool()
-            if cache is None:
-                mask, positions = attention_mask_and_positions(attention_mask, start=0)
-            else:
-                mask, positions = cache.prepare(attention_mask)
-        return self._trunk(ids, positions, mask, cache)
-
-    def packed_hidden_states(self, ids: Tensor, segments: Tensor) -> Tensor:
-        mask, positions = packing.mask_and_positions(segments)
-        return self._trunk(ids, positions, mask, None)
-
-    def _trunk(
+    def trunk(
         self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache: KVCache | None
     ) -> Tensor:
-        """Hidden states [B, T, C]; mask None takes the fast causal path."""
         x = self.drop(self.wte(ids) + self.wpe(positions))
         for block in self.blocks:
-            x = block(x, mask, cache)
+            x = self.run_block(block, x, mask, cache)
         if cache is not None:
             cache.advance(ids.shape[1])
         return self.ln_f(x)

@@ -9,8 +9,9 @@ from typing import Any
 
 from rlhf.models.backbone import Backbone
 from rlhf.models.gpt import GPT
+from rlhf.models.llama import Llama
 
-BACKBONES: dict[str, type[Backbone]] = {GPT.name: GPT}
+BACKBONES: dict[str, type[Backbone]] = {GPT.name: GPT, Llama.name: Llama}
 
 
 def build(name: str, config: dict[str, Any]) -> Backbone:

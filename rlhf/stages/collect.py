@@ -29,12 +29,11 @@ from rlhf.stages.entry import main
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import StageSpec
 from rlhf.synthetic.collection import comparisons_from_samples, sample_rows
-from rlhf.train.memory import Workload
 
 SPEC = StageSpec(
     "collect",
     "rlhf.stages.collect",
-    params=("seed", "device", "collect"),
+    params=("seed", "device", "memory", "collect"),
     inputs=(paths.RAW, paths.PROMPTS_TRAIN, paths.SFT_TRAIN, paths.TOKENIZER, paths.SFT_MODEL),
     outs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL),
     metrics=(paths.metrics_file("collect"),),
@@ -48,8 +47,8 @@ def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     if c.include_demo:
         for row in read_rows(paths.SFT_TRAIN, SFT_SCHEMA):
             demos.setdefault(row["prompt"], row["response"])
-    stage.preflight(paths.SFT_MODEL, Workload(trained=0, frozen=1, sampled=c.batch_size))
-    policy = stage.load_model(paths.SFT_MODEL)
+    stage.preflight(paths.SFT_MODEL, stage.workload(trained=0, frozen=1, sampled=c.batch_size))
+    policy = stage.load_frozen(paths.SFT_MODEL)
     started = time.perf_counter()
     with progress() as bar:
         task = bar.add_task("collect", total=len(prompts) * (c.k + c.explore), extra=f"K={c.k}")

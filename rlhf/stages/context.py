@@ -16,7 +16,7 @@ import torch
 
 from rlhf.data.tokenizer import Tokenizer, load_tokenizer
 from rlhf.models import checkpoint
-from rlhf.models.backbone import Backbone
+from rlhf.models.backbone import Backbone, freeze
 from rlhf.params import Params, group_hash
 from rlhf.stages import paths
 from rlhf.stages.common import console, file_digest, params
@@ -59,6 +59,25 @@ class StageRun:
     def log(self, text: str) -> None:
         console.print(f"{self.spec.address}: {text}")
 
+    def workload(self, **counts: int) -> Workload:
+        """A `Workload` of these counts under this run's memory options."""
+        memory = self.params.memory
+        return Workload(
+            **counts,
+            checkpointed=memory.activation_checkpointing,
+            frozen_bf16=self.frozen_bf16,
+        )
+
+    @property
+    def frozen_bf16(self) -> bool:
+        """Whether models held for inference only are kept in bfloat16 (on CUDA only)."""
+        return self.params.memory.frozen_bf16 and self.device.type == "cuda"
+
+    def trainable(self, model: Backbone) -> Backbone:
+        """`model` on this run's device, checkpointing activations if the params say so."""
+        model.activation_checkpointing = self.params.memory.activation_checkpointing
+        return model.to(self.device)
+
     def preflight(self, model_file: Path, work: Workload) -> None:
         """Refuse, before loading anything, a workload with the model in `model_file` that
         the device cannot hold."""
@@ -66,7 +85,13 @@ class StageRun:
         preflight(self.spec.address, backbone, config, work, self.device)
 
     def load_model(self, path: Path) -> Backbone:
-        return checkpoint.load_model(path, self.tokenizer, self.device)[0]
+        """A model this run trains."""
+        return self.trainable(checkpoint.load_model(path, self.tokenizer, self.device)[0])
+
+    def load_frozen(self, path: Path) -> Backbone:
+        """A model this run only runs forward: no gradients, eval mode, and in bfloat16 on
+        CUDA under `memory.frozen_bf16`."""
+        return freeze(checkpoint.load_model(path, self.tokenizer, self.device)[0], self.frozen_bf16)
 
     def payload(self, model: Backbone, kind: str, **extra: Any) -> dict[str, Any]:
         return checkpoint.model_payload(model, self.tokenizer, self.params_hash, kind, **extra)

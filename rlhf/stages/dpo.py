@@ -26,14 +26,13 @@ from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
 from rlhf.stages.specs import StageSpec, trained_outputs
 from rlhf.train.loop import History
-from rlhf.train.memory import Workload
 
 LOGPS = ("chosen_logp", "rejected_logp")
 
 SPEC = StageSpec(
     "dpo",
     "rlhf.stages.dpo",
-    params=("seed", "device", "dpo"),
+    params=("seed", "device", "memory", "dpo"),
     inputs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL, paths.TOKENIZER, paths.SFT_MODEL),
     **trained_outputs("dpo"),
 )
@@ -58,7 +57,7 @@ def run() -> dict[str, Any]:
     train = read_rows(paths.COMPARISONS_TRAIN, COMPARISON_SCHEMA)
     val = read_rows(paths.COMPARISONS_VAL, COMPARISON_SCHEMA)
     widest = max(len(r["responses"]) for r in train + val)
-    stage.preflight(paths.SFT_MODEL, Workload(sequences=cfg.batch_size * widest))
+    stage.preflight(paths.SFT_MODEL, stage.workload(sequences=cfg.batch_size * widest))
     policy = stage.load_model(paths.SFT_MODEL)
     train_groups, val_groups = (
         encode_groups(tokenizer, rows, policy.max_seq_len) for rows in (train, val)

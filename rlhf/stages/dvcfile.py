@@ -16,6 +16,9 @@ from typing import Any
 import yaml
 
 from rlhf.atomic import write_text
+from rlhf.params import load_params
+from rlhf.stages import paths
+from rlhf.stages.folders import tracked_folders
 from rlhf.stages.imports import SOURCE_ROOT, code_closure
 from rlhf.stages.specs import ITEM, StageSpec
 
@@ -70,11 +73,15 @@ def declared_stages() -> dict[str, StageSpec]:
     return {spec.name: spec for spec in specs}
 
 
-def stage_entry(spec: StageSpec, root: Path = SOURCE_ROOT) -> dict[str, Any]:
-    """The dvc.yaml definition of one declared stage."""
+def stage_entry(
+    spec: StageSpec, root: Path = SOURCE_ROOT, folders: tuple[Path, ...] = ()
+) -> dict[str, Any]:
+    """The dvc.yaml definition of one declared stage; `folders` are the pretrained or reward
+    model folders outside the pipeline that params make it read (`folders.py`)."""
+    inputs = (*spec.inputs, *folders)
     entry: dict[str, Any] = {
         "cmd": f"python -m {spec.module}" + (f" {ITEM}" if spec.foreach else ""),
-        "deps": [str(p) for p in (*code_closure(spec.module, root), *spec.inputs)],
+        "deps": [str(p) for p in (*code_closure(spec.module, root), *inputs)],
         "params": list(spec.params),
     }
     if spec.outs:
@@ -87,7 +94,11 @@ def stage_entry(spec: StageSpec, root: Path = SOURCE_ROOT) -> dict[str, Any]:
 
 
 def render(root: Path = SOURCE_ROOT) -> str:
-    stages = {name: stage_entry(spec, root) for name, spec in declared_stages().items()}
+    folders = tracked_folders(load_params(paths.PARAMS)) if paths.PARAMS.is_file() else {}
+    stages = {
+        name: stage_entry(spec, root, folders.get(name, ()))
+        for name, spec in declared_stages().items()
+    }
     body = yaml.safe_dump({"stages": stages, "plots": TOP_LEVEL_PLOTS}, sort_keys=False, width=100)
     return HEADER + body
 

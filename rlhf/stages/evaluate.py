@@ -28,6 +28,7 @@ from rlhf.eval.gold import has_judge
 from rlhf.eval.policies import ScoredAnswers, score_policy
 from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
 from rlhf.models import checkpoint
+from rlhf.models.backbone import freeze
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
@@ -36,13 +37,12 @@ from rlhf.stages.entry import main
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
-from rlhf.train.memory import Workload
 
 TRAINING_CURVES = {"SFT": "sft", "Reward model": "rm", "DPO": "dpo"}  # report title -> stage
 SPEC = StageSpec(
     "evaluate",
     "rlhf.stages.evaluate",
-    params=("seed", "device", "evaluate", "rl_algorithms"),
+    params=("seed", "device", "memory", "evaluate", "rl_algorithms"),
     # every policy: the artifacts folder holds the tokenizer, SFT, the reward model, DPO and
     # one folder per RL algorithm, however many rl_algorithms names
     inputs=(
@@ -80,6 +80,7 @@ def evaluate_all(
             bar.update(task, extra=name)
             file = paths.model_file(name)
             model, payload = checkpoint.load_model(file, stage.tokenizer, stage.device)
+            model = freeze(model, stage.frozen_bf16)
             trained_steps[name] = payload.get("step")
             sampled[name] = evaluate(model, n=cfg.samples, config=sampling)
             answers["greedy"][name] = evaluate(model, n=1, config=greedy)
@@ -89,6 +90,7 @@ def evaluate_all(
             for file in files:
                 bar.update(task, extra=f"{algorithm} {file.stem}")
                 model, payload = checkpoint.load_model(file, stage.tokenizer, stage.device)
+                model = freeze(model, stage.frozen_bf16)
                 along = evaluate(model, n=cfg.curve_samples, config=sampling)
                 curve.append(curve_point(payload["step"], along))
                 bar.advance(task)
@@ -103,8 +105,8 @@ def run() -> dict[str, float]:
     prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
     synthetic = has_judge(heldout)
     # the policy under evaluation, SFT as the KL reference and the reward model, at once
-    stage.preflight(paths.SFT_MODEL, Workload(trained=0, frozen=3, sampled=cfg.batch_size))
-    sft = stage.load_model(paths.SFT_MODEL)
+    stage.preflight(paths.SFT_MODEL, stage.workload(trained=0, frozen=3, sampled=cfg.batch_size))
+    sft = stage.load_frozen(paths.SFT_MODEL)
     scorer = RewardModelScorer.load(paths.RM_MODEL, stage.tokenizer, stage.device)
     evaluate = functools.partial(
         score_policy, tokenizer=stage.tokenizer, prompts=prompts, tasks=tasks, reference=sft,

@@ -36,7 +36,6 @@ from rlhf.stages.entry import main
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import ITEM, Plot, StageSpec
 from rlhf.train.guard import NonFiniteError
-from rlhf.train.memory import Workload
 
 RESUME_KEYS = ("trainer", "history", "samples")
 SAMPLES_LOGGED = 4  # answers of a rollout written to samples.jsonl when samples are due
@@ -45,7 +44,7 @@ SECONDS = ("rollout", "scoring", "update")  # the phases whose time the metrics 
 SPEC = StageSpec(
     "rl",
     "rlhf.stages.rl",
-    params=("seed", "device", "rl", ITEM),
+    params=("seed", "device", "memory", "rl", ITEM),
     inputs=(
         paths.PROMPTS_TRAIN,
         paths.PROMPTS_HELDOUT,
@@ -67,9 +66,9 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     p, tokenizer = stage.params, stage.tokenizer
     cfg = p.algorithm(algorithm)
     separate_critic = isinstance(cfg, CriticParams) and cfg.critic == "separate"
-    work = Workload(
+    work = stage.workload(
         trained=1 + separate_critic,
-        frozen=1,
+        frozen=1 + (p.rl.reward in ("rm", "ensemble")),  # the reference and a reward model
         sequences=cfg.minibatch_size + (cfg.ptx_batch_size if cfg.ptx_coef > 0 else 0),
         sampled=cfg.batch_size * cfg.group_size,
     )
@@ -88,7 +87,7 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         cfg,
         p.rl,
         policy=stage.load_model(paths.SFT_MODEL),
-        reference=stage.load_model(paths.SFT_MODEL),
+        reference=stage.load_frozen(paths.SFT_MODEL),
         critic=critic,
         scorer=scorer,
         tokenizer=tokenizer,

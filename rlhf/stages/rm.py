@@ -24,12 +24,11 @@ from rlhf.stages import fitting, paths
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
 from rlhf.stages.specs import StageSpec, trained_outputs
-from rlhf.train.memory import Workload
 
 SPEC = StageSpec(
     "rm",
     "rlhf.stages.rm",
-    params=("seed", "device", "rm"),
+    params=("seed", "device", "memory", "rm"),
     inputs=(
         paths.COMPARISONS_TRAIN,
         paths.COMPARISONS_VAL,
@@ -47,7 +46,7 @@ def run() -> dict[str, Any]:
     train = read_rows(paths.COMPARISONS_TRAIN, COMPARISON_SCHEMA)
     val = read_rows(paths.COMPARISONS_VAL, COMPARISON_SCHEMA)
     widest = max(len(r["responses"]) for r in train + val)
-    stage.preflight(paths.SFT_MODEL, Workload(sequences=cfg.batch_size * widest))
+    stage.preflight(paths.SFT_MODEL, stage.workload(sequences=cfg.batch_size * widest))
     model = stage.load_model(paths.SFT_MODEL)
     stage.log(f"{len(train)} prompts ({sum(len(r['ranks']) for r in train)} responses)")
     train_groups, val_groups = (

@@ -8,26 +8,57 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any
 
 from rlhf.algorithms import sft
 from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
+from rlhf.errors import CheckpointError
 from rlhf.eval.gold import gold_eval
+from rlhf.models import hf
+from rlhf.models.backbone import Backbone
 from rlhf.models.registry import build
 from rlhf.stages import fitting, paths
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
+from rlhf.stages.folders import init_folder, require_tracked
 from rlhf.stages.specs import StageSpec, trained_outputs
-from rlhf.train.memory import Workload, preflight
+from rlhf.train.memory import preflight
 
 SPEC = StageSpec(
     "sft",
     "rlhf.stages.sft",
-    params=("seed", "device", "model", "sft"),
+    params=("seed", "device", "model", "memory", "sft"),
     inputs=(paths.SFT_TRAIN, paths.SFT_VAL, paths.PROMPTS_HELDOUT, paths.TOKENIZER),
     **trained_outputs("sft"),
 )
+
+
+def initial_model(stage: StageRun) -> Backbone:
+    """The policy SFT starts from: a fresh GPT of `model`'s shape, or the pretrained folder
+    `model.init`, its context cut to `model.block_size`; refused before anything is
+    allocated when the device cannot hold its training."""
+    p, folder = stage.params, init_folder(stage.params)
+    work = stage.workload(sequences=p.sft.batch_size, sampled=p.sft.eval_batch_size)
+    if folder is None:
+        shape = {k: v for k, v in dataclasses.asdict(p.model).items() if k != "init"}
+        config = {"vocab_size": stage.tokenizer.vocab_size, **shape}
+        preflight(stage.spec.address, "gpt", config, work, stage.device)
+        model = build("gpt", config)
+    else:
+        require_tracked(SPEC.name, folder, "model.init")
+        _, backbone, config = hf.config_of(folder, p.model.block_size)
+        if stage.tokenizer.vocab_size > config["vocab_size"]:
+            raise CheckpointError(
+                f"{folder}: the tokenizer has {stage.tokenizer.vocab_size} tokens, the model's "
+                f"embedding only {config['vocab_size']}"
+            )
+        preflight(stage.spec.address, backbone, config, work, stage.device)
+        started = time.perf_counter()
+        model = hf.load_folder(folder, block_size=p.model.block_size)
+        stage.log(f"loaded {folder} ({backbone}) in {time.perf_counter() - started:.1f}s")
+    return stage.trainable(model)
 
 
 def run() -> dict[str, Any]:
@@ -38,10 +69,7 @@ def run() -> dict[str, Any]:
         for rows in (read_rows(paths.SFT_TRAIN, SFT_SCHEMA), read_rows(paths.SFT_VAL, SFT_SCHEMA))
     )
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
-    config = {"vocab_size": tokenizer.vocab_size, **dataclasses.asdict(p.model)}
-    work = Workload(sequences=p.sft.batch_size, sampled=p.sft.eval_batch_size)
-    preflight(stage.spec.address, "gpt", config, work, stage.device)
-    model = build("gpt", config).to(stage.device)
+    model = initial_model(stage)
     truncated = sum(e.truncated for e in train)
     stage.log(f"{model.num_params() / 1e6:.2f}M parameters, {len(train)} demonstrations on "
               f"{stage.device}, {truncated} of them cut to model.block_size = "

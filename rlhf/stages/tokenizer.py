@@ -1,4 +1,5 @@
-"""tokenizer: build the tokenizer from the training texts (prompts and responses)."""
+"""tokenizer: build the tokenizer from the training texts (prompts and responses), or take a
+pretrained model's own (`model.init`) with its chat template."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from rlhf.data.tokenizer import save_tokenizer
 from rlhf.stages import paths
 from rlhf.stages.common import console, params
 from rlhf.stages.entry import main
+from rlhf.stages.folders import init_folder, require_tracked
 from rlhf.stages.outputs import begin, published
 from rlhf.stages.specs import StageSpec
 
 SPEC = StageSpec(
     "tokenizer",
     "rlhf.stages.tokenizer",
-    params=("tokenizer",),
+    params=("tokenizer", "model.init"),
     inputs=(paths.SFT_TRAIN,),
     outs=(paths.TOKENIZER,),
 )
@@ -23,17 +25,21 @@ SPEC = StageSpec(
 
 def run() -> dict[str, object]:
     begin(SPEC)
-    p = params().tokenizer
+    all_params = params()
+    p, source = all_params.tokenizer, init_folder(all_params)
+    if source is not None:
+        require_tracked(SPEC.name, source, "model.init")
     started = time.perf_counter()
     texts = [
         text
         for row in read_rows(paths.SFT_TRAIN, SFT_SCHEMA)
         for text in (row["prompt"], row["response"])
-    ]
+    ] if p.kind == "bpe" else []  # fmt: skip
     with published(SPEC) as out:
         tokenizer = save_tokenizer(
-            out[paths.TOKENIZER], p.kind, texts=texts, vocab_size=p.vocab_size, encoding=p.encoding
-        )
+            out[paths.TOKENIZER], p.kind, texts=texts, vocab_size=p.vocab_size,
+            encoding=p.encoding, source=source, chat_template=p.chat_template,
+        )  # fmt: skip
     seconds = time.perf_counter() - started
     console.print(
         f"tokenizer ({p.kind}): vocabulary {tokenizer.vocab_size} tokens, "

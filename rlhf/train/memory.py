@@ -20,6 +20,7 @@ from rlhf.models.registry import build
 
 TRAINED_BYTES_PER_PARAM = 16  # fp32 weight, gradient and AdamW's two moments
 FROZEN_BYTES_PER_PARAM = 4  # fp32 weight only (a reference policy)
+FROZEN_BF16_BYTES_PER_PARAM = 2  # the same in bfloat16 (`memory.frozen_bf16`)
 FLOAT_BYTES = 4
 GIB = 2**30
 
@@ -33,15 +34,17 @@ class Workload:
     frozen: int = 0  # models held for inference only
     sequences: int = 0  # sequences of one training step (forward and backward)
     sampled: int = 0  # sequences sampled at once, each with a KV cache
+    checkpointed: bool = False  # activation checkpointing in the trained models
+    frozen_bf16: bool = False  # frozen models held in bfloat16
 
 
 def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int:
     with torch.device("meta"):
         model = build(backbone, config)
+    model.activation_checkpointing = work.checkpointed
     params = sum(p.numel() for p in model.parameters())
-    weights = params * (
-        TRAINED_BYTES_PER_PARAM * work.trained + FROZEN_BYTES_PER_PARAM * work.frozen
-    )
+    frozen = FROZEN_BF16_BYTES_PER_PARAM if work.frozen_bf16 else FROZEN_BYTES_PER_PARAM
+    weights = params * (TRAINED_BYTES_PER_PARAM * work.trained + frozen * work.frozen)
     seq_len = model.max_seq_len
     activations = work.sequences * seq_len * model.activation_floats(seq_len)
     cache = work.sampled * seq_len * model.cache_floats()

@@ -1,0 +1,198 @@
+"""Hugging Face checkpoint folders load into our backbones and agree with transformers: tiny
+random models of each family, saved with `save_pretrained`, loaded with `rlhf.models.hf`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlhf.errors import CheckpointError
+from rlhf.models.backbone import freeze
+from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.models.hf import load_folder, save_folder
+from rlhf.models.packing import packed_hidden_states
+from rlhf.sampling.forward import response_forward
+from rlhf.sampling.generate import generate
+from rlhf.sampling.sampler import SamplingConfig
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 160
+SHAPE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 128}  # fmt: skip
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+FAMILIES = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    ),
+    "llama3": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**SHAPE, rope_scaling=LLAMA3_ROPE, rope_theta=500000.0)
+    ),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPE)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(
+        transformers.Qwen3Config(**SHAPE, head_dim=32, tie_word_embeddings=True)
+    ),
+}
+EOS, PAD = VOCAB - 2, VOCAB - 1
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def pair(request, tmp_path_factory):
+    """(transformers model, ours loaded from its save_pretrained folder, the folder)."""
+    torch.manual_seed(0)
+    reference = FAMILIES[request.param]().eval()
+    folder = tmp_path_factory.mktemp(request.param)
+    reference.save_pretrained(folder)
+    return reference, load_folder(folder).eval(), folder
+
+
+def left_padded(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD)
+    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        ids[row, width - n :] = torch.randint(0, EOS, (n,), generator=generator)
+        mask[row, width - n :] = True
+    return ids, mask
+
+
+@torch.no_grad()
+def test_logits_match_transformers_on_left_padded_batches(pair):
+    reference, ours, _ = pair
+    ids, mask = left_padded([5, 17, 11, 1])
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # what HF generation passes
+    expected = reference(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+    padded = ours(ids, mask)
+    packed = ours.lm_logits(packed_hidden_states(ours, ids, mask))
+    for logits in (padded, packed):
+        assert (logits[mask] - expected[mask]).abs().max() <= 1e-4
+
+
+@torch.no_grad()
+def test_greedy_kv_cache_generation_matches_transformers_generate(pair):
+    reference, ours, _ = pair
+    ids, mask = left_padded([4, 9, 7])
+    prompts = [row[keep].tolist() for row, keep in zip(ids, mask, strict=True)]
+    config = SamplingConfig(max_new_tokens=32, greedy=True)
+    mine = generate(ours, prompts, eos_id=EOS, pad_id=PAD, config=config)
+    theirs = reference.generate(
+        input_ids=ids, attention_mask=mask.long(), max_new_tokens=32, do_sample=False,
+        eos_token_id=EOS, pad_token_id=PAD, suppress_tokens=[PAD],
+    )[:, ids.shape[1] :]  # fmt: skip
+    for row in range(len(prompts)):
+        expected = theirs[row].tolist()
+        if EOS in expected:
+            expected = expected[: expected.index(EOS) + 1]
+        assert mine.tokens[row][mine.mask[row]].tolist() == expected
+
+
+def test_unsupported_or_incomplete_folders_are_one_clear_error(pair, tmp_path):
+    _, _, folder = pair
+    config = json.loads((folder / "config.json").read_text())
+    broken = tmp_path / "m"
+    broken.mkdir()
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
+        load_folder(broken)
+    (broken / "config.json").write_text(json.dumps(config | {"model_type": "mamba"}))
+    with pytest.raises(CheckpointError, match="model_type 'mamba' is not supported"):
+        load_folder(broken)
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"no model\.safetensors"):
+        load_folder(broken)
+
+
+@torch.no_grad()
+def test_an_exported_folder_reloads_in_transformers_with_the_same_logits(pair, tmp_path):
+    reference, ours, _ = pair
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(save_folder(ours, tmp_path / "x"))
+    ids = torch.randint(0, EOS, (2, 12), generator=torch.Generator().manual_seed(2))
+    expected = reference(input_ids=ids).logits
+    assert (reloaded.eval()(input_ids=ids).logits - expected).abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_a_model_trained_here_exports_as_gpt2(tmp_path):
+    """The scratch GPT (exact GELU, its own MLP width) is a GPT-2 that transformers loads."""
+    torch.manual_seed(3)
+    ours = GPT(GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=2, n_head=2, n_embd=32,
+                         mlp_width=48)).eval()  # fmt: skip
+    folder = save_folder(ours, tmp_path / "gpt")
+    assert json.loads((folder / "config.json").read_text())["activation_function"] == "gelu"
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(0, VOCAB, (2, 10))
+    assert (reloaded(input_ids=ids).logits - ours(ids)).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="bias: false"):
+        save_folder(GPT(GPTConfig(vocab_size=VOCAB, bias=False)), tmp_path / "nobias")
+
+
+CLASSIFIERS = {
+    "gpt2": lambda: transformers.GPT2ForSequenceClassification(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
+                                n_positions=128, num_labels=1, pad_token_id=PAD)
+    ),
+    "qwen3": lambda: transformers.Qwen3ForSequenceClassification(
+        transformers.Qwen3Config(**SHAPE, head_dim=32, num_labels=1, pad_token_id=PAD)
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(CLASSIFIERS))
+@torch.no_grad()
+def test_a_sequence_classifier_loads_as_a_reward_model_and_exports_back(family, tmp_path):
+    """A one-label *ForSequenceClassification folder (a reward model trained elsewhere) scores
+    with our reward head at each row's last token as transformers does, and our reward model
+    exports as one."""
+    torch.manual_seed(4)
+    reference = CLASSIFIERS[family]().eval()
+    reference.save_pretrained(tmp_path / "rm")
+    ours = load_folder(tmp_path / "rm").eval()
+    ids = torch.randint(0, EOS, (3, 9), generator=torch.Generator().manual_seed(5))
+    expected = reference(input_ids=ids).logits[:, 0]
+    assert (ours.rewards(ours.hidden_states(ids))[:, -1] - expected).abs().max() <= 1e-4
+    reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(
+        save_folder(ours, tmp_path / "out", reward_model=True), pad_token_id=PAD
+    ).eval()
+    assert (reloaded(input_ids=ids).logits[:, 0] - expected).abs().max() <= 1e-5
+
+
+def test_a_pretrained_context_is_cut_to_block_size(pair):
+    reference, _, folder = pair
+    ours = load_folder(folder, block_size=24).eval()
+    assert ours.max_seq_len == 24
+    ids = torch.randint(0, EOS, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert (ours(ids) - reference(input_ids=ids).logits).abs().max() <= 1e-4
+    with pytest.raises(CheckpointError, match="exceeds the model's context of 128"):
+        load_folder(folder, block_size=129)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(pair):
+    _, ours, _ = pair
+    ids = torch.randint(0, EOS, (2, 16), generator=torch.Generator().manual_seed(7))
+    grads = []
+    for checkpointed in (False, True):
+        ours.zero_grad()
+        ours.activation_checkpointing = checkpointed
+        ours(ids).logsumexp(-1).mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in ours.parameters() if p.grad is not None]))
+    ours.activation_checkpointing = False
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_a_frozen_bf16_reference_gives_close_log_probs(pair):
+    """`memory.frozen_bf16`: the reference policy in bfloat16 weights, without gradients,
+    gives the log-probs of its float32 self to within bf16 precision."""
+    _, ours, folder = pair
+    frozen = freeze(load_folder(folder), bf16=True)
+    assert next(frozen.parameters()).dtype == torch.bfloat16
+    assert not any(p.requires_grad for p in frozen.parameters())
+    ids, mask = left_padded([6, 12])
+    full = response_forward(ours, ids, mask, start=4).logprobs
+    half = response_forward(frozen, ids, mask, start=4).logprobs
+    assert half.dtype == torch.float32
+    assert (full - half)[mask[:, 4:]].abs().max() < 0.1

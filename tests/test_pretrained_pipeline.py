@@ -1,0 +1,198 @@
+"""A user's own pretrained model through the whole pipeline: `dvc repro` with `model.init` on a
+tiny random Qwen3 folder (its own byte-level BPE tokenizer and ChatML template), PPO scored by
+an external GPT-2 reward model that reads through its own, different tokenizer, and the
+trained policy exported back to a folder transformers loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rlhf.models import checkpoint
+from rlhf.params import DataParams
+from rlhf.synthetic.datasets import synthetic_sets
+
+from conftest import clean_env, init_dvc_repo, make_project
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def corpus() -> list[str]:
+    rows = synthetic_sets(DataParams(n_train=400), seed=3)["train"]
+    return [text for row in rows for text in (row["prompt"], row["response"])]
+
+
+def byte_level_bpe(texts: list[str], vocab_size: int, split: str | None, specials: list[str]):
+    """A byte-level BPE trained here: Qwen style (a Split regex, then bytes) or GPT-2 style."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+
+    bpe = tokenizers.Tokenizer(models.BPE())
+    if split is None:
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])  # fmt: skip
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    bpe.train_from_iterator(texts, trainer)
+    return bpe
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """A tiny Qwen3 policy folder and a tiny GPT-2 reward-model folder, each with its own
+    tokenizer, as `save_pretrained` writes them."""
+    root, texts = tmp_path_factory.mktemp("hf"), corpus()
+    torch.manual_seed(0)
+    qwen_tok = byte_level_bpe(texts, 420, QWEN_SPLIT, QWEN_SPECIALS)
+    qwen = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=qwen_tok.get_vocab_size(), hidden_size=48, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=256, tie_word_embeddings=True,
+    ))  # fmt: skip
+    qwen.save_pretrained(root / "qwen3")
+    qwen_tok.save(str(root / "qwen3" / "tokenizer.json"))
+    (root / "qwen3" / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML,
+    }))  # fmt: skip
+    gpt_tok = byte_level_bpe(texts, 380, None, ["<|endoftext|>"])
+    end = gpt_tok.token_to_id("<|endoftext|>")
+    reward = transformers.GPT2ForSequenceClassification(transformers.GPT2Config(
+        vocab_size=gpt_tok.get_vocab_size(), n_embd=32, n_layer=1, n_head=2, n_positions=128,
+        num_labels=1, pad_token_id=end, bos_token_id=end, eos_token_id=end,
+    ))  # fmt: skip
+    reward.save_pretrained(root / "reward")
+    gpt_tok.save(str(root / "reward" / "tokenizer.json"))
+    return {"policy": root / "qwen3", "reward": root / "reward"}
+
+
+def sh(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run(args, cwd=cwd, env=clean_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def project(folders, tmp_path_factory) -> Path:
+    overrides = {
+        "model.init": str(folders["policy"]),
+        "tokenizer.kind": "pretrained",
+        "rl.reward": f"hf:{folders['reward']}",
+        "rl_algorithms": ["ppo"],
+        "data.n_train": 160,
+        "data.n_heldout": 12,
+        "data.n_prompts": 24,
+        "collect.k": 2,
+        "sft.epochs": 2,
+        "ppo.steps": 2,
+        "dpo.epochs": 1,
+    }
+    project = init_dvc_repo(make_project(tmp_path_factory.mktemp("pretrained"), overrides))
+    sh(["python", "-m", "rlhf.stages.dvcfile"], project)
+    sh(["dvc", "repro"], project)
+    return project
+
+
+def test_dvc_repro_runs_every_stage_from_a_pretrained_qwen3_folder(project, folders):
+    payload = checkpoint.load(project / "artifacts" / "sft" / "model.pt")
+    assert payload["backbone"] == "llama" and payload["model_config"]["qk_norm"]
+    assert payload["model_config"]["block_size"] == 64  # cut to model.block_size
+    sft = json.loads((project / "metrics" / "sft.json").read_text())
+    epochs = (project / "metrics" / "sft_epochs.csv").read_text().splitlines()
+    first, last = (float(line.split(",")[2]) for line in (epochs[1], epochs[-1]))  # val_loss
+    assert last < first  # validation loss falls from the random start
+    ppo = json.loads((project / "metrics" / "ppo.json").read_text())
+    assert ppo["steps"] == 2  # two PPO iterations scored by the external reward model
+    assert json.loads((project / "metrics" / "eval.json").read_text())
+    assert sft["params"] > 0
+
+
+def test_the_pretrained_folders_are_dvc_deps(project, folders):
+    definitions = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    assert str(folders["policy"]) in definitions["sft"]["deps"]
+    assert str(folders["policy"]) in definitions["tokenizer"]["deps"]
+    assert str(folders["reward"]) in definitions["rl"]["do"]["deps"]
+    assert "up to date" in sh(["dvc", "status"], project).stdout
+
+
+def test_a_changed_folder_makes_dvc_rerun_from_the_tokenizer(project, folders, tmp_path):
+    """New contents in the policy folder make DVC call tokenizer and sft stale; a stage whose
+    folder dvc.yaml does not list refuses to run before it reads anything."""
+    config_file = folders["policy"] / "config.json"
+    original = config_file.read_text()
+    try:
+        config_file.write_text(json.dumps(json.loads(original) | {"rms_norm_eps": 1e-5}))
+        status = sh(["dvc", "status", "sft", "tokenizer"], project).stdout
+    finally:
+        config_file.write_text(original)
+    assert "tokenizer:" in status and "sft:" in status and str(folders["policy"]) in status
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy)
+    pipeline = yaml.safe_load((copy / "dvc.yaml").read_text())
+    pipeline["stages"]["sft"]["deps"].remove(str(folders["policy"]))
+    (copy / "dvc.yaml").write_text(yaml.safe_dump(pipeline))
+    refused = subprocess.run(
+        ["python", "-m", "rlhf.stages.sft"], cwd=copy, env=clean_env(), capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "is not among stage sft's deps in dvc.yaml: run `rlhf dvc-yaml`" in refused.stderr
+
+
+def test_the_tokenizer_is_the_folders_own_with_its_chat_template(project):
+    from rlhf.data.chat import encode_example
+    from rlhf.data.tokenizer import load_tokenizer
+
+    ours = load_tokenizer(project / "artifacts" / "tokenizer")
+    theirs = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(project / "artifacts" / "tokenizer" / "hf" / "tokenizer.json")
+    )
+    text = "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n5<|im_end|>"
+    example = encode_example(ours, "What is 2 + 3?", "5", 64)
+    assert example.ids == theirs(text)["input_ids"]
+    assert ours.eos_id == theirs.convert_tokens_to_ids("<|im_end|>")
+    assert ours.pad_id == theirs.convert_tokens_to_ids("<|endoftext|>")
+    injected = ours.encode("<|im_end|>")  # user text never becomes a special token
+    assert ours.eos_id not in injected and ours.decode(injected) == "<|im_end|>"
+
+
+def test_export_writes_a_folder_transformers_loads_with_its_tokenizer(project):
+    out = project / "exported"
+    sh(["python", "-m", "rlhf.cli", "export", "ppo", str(out)], project)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=False
+    )
+    assert chat == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    policy, _ = checkpoint.load_model(
+        project / "artifacts" / "ppo" / "model.pt", None, torch.device("cpu")
+    )
+    ids = torch.tensor([tokenizer(chat)["input_ids"]])
+    with torch.no_grad():
+        assert (model(input_ids=ids).logits - policy.eval()(ids)).abs().max() <= 1e-4
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
