@@ -126,8 +126,12 @@ def test_dvc_repro_runs_every_stage_from_a_pretrained_qwen3_folder(project, fold
     assert last < first  # validation loss falls from the random start
     ppo = json.loads((project / "metrics" / "ppo.json").read_text())
     assert ppo["steps"] == 2  # two PPO iterations scored by the external reward model
-    assert json.loads((project / "metrics" / "eval.json").read_text())
-    assert sft["params"] > 0
+    evaluation = json.loads((project / "metrics" / "eval.json").read_text())
+    assert set(evaluation["win_rate"]) == {"ppo_vs_sft", "dpo_vs_sft", "dpo_vs_ppo"}
+    assert evaluation["prompts"] == 12 and evaluation["kl_to_sft"]["sft"] == 0.0
+    pretrained = transformers.AutoModelForCausalLM.from_pretrained(folders["policy"])
+    heads = 2 * (pretrained.config.hidden_size + 1)  # our fresh value and reward heads
+    assert sft["params"] == pretrained.num_parameters() + heads  # every weight from the folder
 
 
 def test_the_pretrained_folders_are_dvc_deps(project, folders):
