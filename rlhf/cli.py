@@ -22,7 +22,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from rlhf.algorithms.reward_model import score as score_responses
-from rlhf.data.importers import IMPORTERS, import_sft, read_lines
+from rlhf.data.importers import IMPORTERS, best_answers, import_sft, read_lines
 from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.errors import CheckpointError, OutputError
@@ -42,6 +42,11 @@ class ImportKind(str, Enum):
     pairwise = "pairwise"
     hh = "hh"
     ranked = "ranked"
+
+
+class ImportedAs(str, Enum):
+    demonstrations = "demonstrations"
+    comparisons = "comparisons"
 
 
 app = typer.Typer(
@@ -296,11 +301,21 @@ def import_data(
             "HH-RLHF transcripts (chosen, rejected). ranked: prompt, responses [{text, rank}]."
         ),
     ] = ImportKind.sft,
+    imported_as: Annotated[
+        ImportedAs | None,
+        typer.Option(
+            "--as",
+            help="What to write. Default: demonstrations for --kind sft, comparisons for the "
+            "others; `--as demonstrations` on comparisons keeps each prompt's best answer "
+            "(HH-RLHF's chosen) as an SFT demonstration.",
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
             help="A .parquet file, or a folder to write the default file name into. Default: "
-            "data/raw/sft.parquet, or data/raw/comparisons.parquet."
+            "data/raw/sft.parquet for demonstrations, data/raw/comparisons.parquet for "
+            "comparisons."
         ),
     ] = None,
     force: Annotated[
@@ -308,10 +323,16 @@ def import_data(
     ] = False,
 ) -> None:
     """Validate your own data row by row and write it where the pipeline reads it."""
-    is_sft = kind is ImportKind.sft
+    from_sft = kind is ImportKind.sft
+    default_as = ImportedAs.demonstrations if from_sft else ImportedAs.comparisons
+    is_sft = (imported_as or default_as) is ImportedAs.demonstrations
+    if from_sft and not is_sft:
+        raise typer.BadParameter("demonstrations (--kind sft) cannot become comparisons")
     default = paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS
     target = import_target(out, default, force)
     rows = IMPORTERS[kind.value](source)
+    if is_sft and not from_sft:
+        rows = best_answers(rows)
     write_rows(target, rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
     setting = "data.source: files" if is_sft else "collect.source: files"
     console.print(

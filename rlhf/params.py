@@ -286,8 +286,9 @@ class RLParams:
         "`rm`: the reward model's score at the end token, divided by its recorded std; "
         "`rule:NAME`: a reward function registered in rlhf/algorithms/rules.py "
         "(`rule:contains_number`, `rule:gold`); `hf:DIR`: a reward model trained elsewhere, a "
-        "one-label *ForSequenceClassification folder (GPT-2, Llama, Qwen) scoring through its "
-        "own tokenizer, its raw score as the reward; `ensemble`: the reward model plus the "
+        "one-label *ForSequenceClassification folder scoring through its own tokenizer, its raw "
+        "score as the reward (GPT-2, Llama, Qwen natively; other families such as DeBERTa-v3 "
+        "through transformers, the `[hf]` extra); `ensemble`: the reward model plus the "
         "checkpoints in `ensemble`, combined by `ensemble_reduce` (min resists reward hacking).",
     )
     ensemble: tuple[str, ...] = spec((), "Extra reward-model checkpoints for `reward: ensemble`.")

@@ -59,3 +59,31 @@ def test_files_source_runs_prepare_on_imported_data(tmp_path):
     assert held | train_prompts | val_prompts == {r["prompt"] for r in records}
     # one prompt's demonstrations stay on one side of the split
     assert sum(r["prompt"] == "Question 0?" for r in train + val) in (0, 2)
+
+
+def test_comparisons_import_as_demonstrations_of_their_best_answers(tmp_path):
+    """HH-RLHF has no demonstrations: `--as demonstrations` keeps each chosen answer (the
+    first of tied bests in a ranking) for SFT, with the whole dialogue before it as prompt."""
+    hh = write_jsonl(tmp_path / "hh.jsonl", [
+        {"chosen": "\n\nHuman: Hi.\n\nAssistant: Hello!\n\nHuman: Add 2 and 3.\n\nAssistant: 5.",
+         "rejected": "\n\nHuman: Hi.\n\nAssistant: Hello!\n\nHuman: Add 2 and 3.\n\nAssistant: 6."},
+    ])  # fmt: skip
+    ranked = write_jsonl(tmp_path / "ranked.jsonl", [
+        {"prompt": "p", "responses": [{"text": "c", "rank": 1}, {"text": "a", "rank": 0},
+                                      {"text": "b", "rank": 0}]},
+    ])  # fmt: skip
+    for source, kind in ((hh, "hh"), (ranked, "ranked")):
+        out = tmp_path / f"{kind}.parquet"
+        args = ["import", str(source), "--kind", kind, "--as", "demonstrations", "--out", str(out)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "data.source: files" in result.output
+        [row] = read_rows(out, SFT_SCHEMA)
+        if kind == "hh":
+            assert row["prompt"] == "Human: Hi.\n\nAssistant: Hello!\n\nHuman: Add 2 and 3."
+            assert row["response"] == "5." and row["source"] == "hh.jsonl"
+        else:
+            assert (row["prompt"], row["response"]) == ("p", "a")
+    sft = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "response": "b"}])
+    result = CliRunner().invoke(app, ["import", str(sft), "--as", "comparisons"])
+    assert result.exit_code == 2 and "cannot become comparisons" in result.output

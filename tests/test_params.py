@@ -15,7 +15,10 @@ from rlhf.params import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "examples/qwen3-0.6b.params.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    ["params.yaml", *(str(p.relative_to(REPO)) for p in sorted(REPO.glob("examples/*.yaml")))],
+)
 def test_shipped_params_files_are_valid_and_cover_every_field(name):
     load_params(REPO / name)
     raw = yaml.safe_load((REPO / name).read_text())

@@ -1,6 +1,8 @@
-"""A user's own pretrained model through the whole pipeline: `dvc repro` with `model.init` on a
-tiny random Qwen3 folder (its own byte-level BPE tokenizer and ChatML template), PPO scored by
-an external GPT-2 reward model that reads through its own, different tokenizer, and the
+"""A user's own pretrained model on their own data through the whole pipeline, as
+examples/gpt2-hh.params.yaml runs it on a GPU host: `dvc repro` with `model.init` on a tiny
+random Qwen3 folder (its own byte-level BPE tokenizer and ChatML template), on preference data
+imported in Anthropic's HH-RLHF format (its chosen answers the SFT demonstrations), PPO scored
+by an external GPT-2 reward model that reads through its own, different tokenizer, and the
 trained policy exported back to a folder transformers loads."""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.models import checkpoint
 from rlhf.params import DataParams
 from rlhf.synthetic.datasets import synthetic_sets
@@ -95,6 +98,22 @@ def sh(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
+def hh_transcripts(path: Path) -> Path:
+    """HH-RLHF rows, transcripts sharing every turn but the final answer: a demonstration
+    chosen over the next row's answer."""
+    rows = synthetic_sets(DataParams(n_train=160), seed=4)["train"]
+    records = [
+        {
+            "chosen": f"\n\nHuman: {row['prompt']}\n\nAssistant: {row['response']}",
+            "rejected": f"\n\nHuman: {row['prompt']}\n\nAssistant: {other['response']}",
+        }
+        for row, other in zip(rows, rows[1:] + rows[:1], strict=True)
+        if row["response"].strip() != other["response"].strip()
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
 @pytest.fixture(scope="module")
 def project(folders, tmp_path_factory) -> Path:
     overrides = {
@@ -102,15 +121,19 @@ def project(folders, tmp_path_factory) -> Path:
         "tokenizer.kind": "pretrained",
         "rl.reward": f"hf:{folders['reward']}",
         "rl_algorithms": ["ppo"],
-        "data.n_train": 160,
-        "data.n_heldout": 12,
-        "data.n_prompts": 24,
-        "collect.k": 2,
+        "data.source": "files",
+        "data.heldout_fraction": 0.08,
+        "collect.source": "files",
         "sft.epochs": 2,
         "ppo.steps": 2,
         "dpo.epochs": 1,
     }
-    project = init_dvc_repo(make_project(tmp_path_factory.mktemp("pretrained"), overrides))
+    root = tmp_path_factory.mktemp("pretrained")
+    project = init_dvc_repo(make_project(root / "project", overrides))
+    hh = hh_transcripts(root / "hh.jsonl")
+    sh(["python", "-m", "rlhf.cli", "import", str(hh), "--kind", "hh", "--as", "demonstrations"],
+       project)  # fmt: skip
+    sh(["python", "-m", "rlhf.cli", "import", str(hh), "--kind", "hh"], project)
     sh(["python", "-m", "rlhf.stages.dvcfile"], project)
     sh(["dvc", "repro"], project)
     return project
@@ -126,9 +149,13 @@ def test_dvc_repro_runs_every_stage_from_a_pretrained_qwen3_folder(project, fold
     assert last < first  # validation loss falls from the random start
     ppo = json.loads((project / "metrics" / "ppo.json").read_text())
     assert ppo["steps"] == 2  # two PPO iterations scored by the external reward model
+    assert ppo["gold_sampled"] is None and ppo["win_rate_vs_sft"] is None  # no gold judge
+    assert ppo["kl_to_sft"] > 0
+    heldout = read_rows(project / "data" / "prepared" / "prompts_heldout.parquet", PROMPT_SCHEMA)
+    assert heldout[0]["prompt"].startswith("Human: ") and heldout[0]["source"] == "files"
     evaluation = json.loads((project / "metrics" / "eval.json").read_text())
-    assert set(evaluation["win_rate"]) == {"ppo_vs_sft", "dpo_vs_sft", "dpo_vs_ppo"}
-    assert evaluation["prompts"] == 12 and evaluation["kl_to_sft"]["sft"] == 0.0
+    assert evaluation["prompts"] == len(heldout) >= 8 and evaluation["kl_to_sft"]["sft"] == 0.0
+    assert set(evaluation["rm_sampled"]) == {"sft", "ppo", "dpo"}
     pretrained = transformers.AutoModelForCausalLM.from_pretrained(folders["policy"])
     heads = 2 * (pretrained.config.hidden_size + 1)  # our fresh value and reward heads
     assert sft["params"] == pretrained.num_parameters() + heads  # every weight from the folder

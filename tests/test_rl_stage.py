@@ -2,6 +2,7 @@ import csv
 import dataclasses
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -11,12 +12,15 @@ from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import RLTrainer
 from rlhf.algorithms.rules import contains_number
 from rlhf.algorithms.scorers import RuleScorer, make_scorer
+from rlhf.algorithms.transformers_scorer import TransformersRewardScorer
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.data.tokenizer import load_tokenizer
+from rlhf.errors import CheckpointError, PipelineError
 from rlhf.eval.policies import sample_policy
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT
-from rlhf.params import RL_ALGORITHMS, CriticParams, Params, ParamsError, RLParams
+from rlhf.params import RL_ALGORITHMS, CriticParams, DataParams, Params, ParamsError, RLParams
+from rlhf.synthetic.datasets import synthetic_sets
 
 from conftest import kill_at_first_save, make_project, run_module
 
@@ -178,6 +182,104 @@ def test_reward_sources(trained_project):
     torch.testing.assert_close(single, raw / payload["reward_std"])  # normalized by the std
     with pytest.raises(ParamsError, match=r"rl.reward = 'rule:nope'.*'rule:contains_number'"):
         make_scorer("rule:nope", tokenizer, device, rm)
+
+
+def deberta_folder(folder, num_labels: int = 1):
+    """A tiny random DeBERTa-v2 reward model with its own WordPiece tokenizer that reads
+    (prompt, response) as a segment pair, as `save_pretrained` writes them: a family we have no
+    backbone for, so it scores through transformers."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    rows = synthetic_sets(DataParams(n_train=200), seed=3)["train"]
+    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wordpiece.pre_tokenizer, wordpiece.decoder = (
+        pre_tokenizers.BertPreTokenizer(),
+        decoders.WordPiece(),
+    )
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    wordpiece.train_from_iterator(
+        [text for row in rows for text in (row["prompt"], row["response"])],
+        trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials),
+    )
+    ends = [(t, wordpiece.token_to_id(t)) for t in ("[CLS]", "[SEP]")]
+    wordpiece.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=ends
+    )
+    torch.manual_seed(0)
+    model = transformers.DebertaV2ForSequenceClassification(transformers.DebertaV2Config(
+        vocab_size=wordpiece.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+        num_labels=num_labels, pad_token_id=0, initializer_range=0.5,
+    ))  # fmt: skip
+    model.save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=wordpiece, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+        unk_token="[UNK]", model_max_length=128,
+    ).save_pretrained(folder)  # fmt: skip
+    return folder, model.eval()
+
+
+@pytest.fixture(scope="module")
+def deberta(tmp_path_factory):
+    return deberta_folder(tmp_path_factory.mktemp("deberta"))
+
+
+def test_a_reward_model_of_another_family_scores_through_transformers(deberta, trained_project):
+    """`hf:DIR` on a DeBERTa folder: padded batches score each (prompt, response) pair as the
+    model does alone, through its own tokenizer; PPO trains on those scores."""
+    folder, model = deberta
+    tokenizer = load_tokenizer(trained_project / "artifacts" / "tokenizer")
+    rm = trained_project / "artifacts" / "rm" / "model.pt"
+    scorer = make_scorer(f"hf:{folder}", tokenizer, torch.device("cpu"), rm)
+    assert isinstance(scorer, TransformersRewardScorer)
+    prompts = ["What is 2 plus 3?", "Greet Bob.", "Repeat: a b c"]
+    answers = ["2 + 3 = 5.", "Hello, Bob! Nice to meet you today, my friend.", "a b c"]
+    alone = [
+        model(**scorer.tokenizer(p, a, return_tensors="pt")).logits[0, 0].item()
+        for p, a in zip(prompts, answers, strict=True)
+    ]
+    scorer.batch_size = 2  # a full batch and a short one
+    scores = scorer(prompts, answers)
+    torch.testing.assert_close(scores, torch.tensor(alone), rtol=0, atol=1e-5)
+    assert scores.std() > 0.01  # distinct scores, not a constant
+
+    trainer = trainer_for(trained_project, "ppo", {"batch_size": 8, "minibatch_size": 8})
+    trainer.scorer = scorer
+    for _ in range(2):
+        _, experience = trainer.iteration()
+    rollout = experience.rollout
+    torch.testing.assert_close(experience.scores, scorer(rollout.prompts, rollout.responses))
+    assert trainer.step == 2
+
+
+def test_a_chat_reward_model_reads_conversations_through_its_template(deberta, tmp_path):
+    folder, model = deberta
+    chat = shutil.copytree(folder, tmp_path / "chat")
+    config = json.loads((chat / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}{{ '[CLS] ' + m['role'] + ': ' + m['content'] + ' [SEP]' }}"
+        "{% endfor %}"
+    )
+    (chat / "tokenizer_config.json").write_text(json.dumps(config))
+    scorer = TransformersRewardScorer.load(chat, "deberta-v2", torch.device("cpu"))
+    batch = scorer.encode(["Greet Bob."], ["Hello, Bob!"])
+    ids = batch["input_ids"][0].tolist()
+    text = "[CLS] user: Greet Bob. [SEP][CLS] assistant: Hello, Bob! [SEP]"
+    assert ids == scorer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    torch.testing.assert_close(scorer(["Greet Bob."], ["Hello, Bob!"]), model(**batch).logits[:, 0])
+
+
+def test_an_external_reward_model_names_what_it_lacks(tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    folder, _ = deberta_folder(tmp_path / "two-labels", num_labels=2)
+    with pytest.raises(CheckpointError, match=r"two-labels: a reward model has one output.*2"):
+        make_scorer(f"hf:{folder}", None, cpu, "unused.pt")
+    with pytest.raises(CheckpointError, match=r"nowhere: no config.json"):
+        make_scorer(f"hf:{tmp_path / 'nowhere'}", None, cpu, "unused.pt")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the extra were missing
+    with pytest.raises(PipelineError, match=r"two-labels: its 'deberta-v2' reward model .*\[hf\]"):
+        make_scorer(f"hf:{folder}", None, cpu, "unused.pt")
 
 
 def test_the_registry_and_the_params_groups_agree():

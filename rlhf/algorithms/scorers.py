@@ -63,8 +63,9 @@ class RewardModelScorer:
 @dataclass
 class ExternalRewardScorer:
     """A reward model trained elsewhere: a one-label `*ForSequenceClassification` folder in
-    Hugging Face layout (GPT-2, Llama or Qwen), which reads each conversation through its own
-    tokenizer and chat template and scores it at the last token, as transformers does. Its
+    Hugging Face layout of a family we have a backbone for (GPT-2, Llama or Qwen; others go
+    through transformers, `transformers_scorer.py`), which reads each conversation through its
+    own tokenizer and chat template and scores it at the last token, as transformers does. Its
     raw score is the reward: its scale is the model's own, so `kl_coef` is tuned to it."""
 
     model: Backbone
@@ -72,9 +73,11 @@ class ExternalRewardScorer:
     batch_size: int = 64
 
     @classmethod
-    def load(cls, folder: str | Path, device: torch.device) -> ExternalRewardScorer:
+    def load(
+        cls, folder: str | Path, device: torch.device, bf16: bool = False
+    ) -> ExternalRewardScorer:
         tokenizer = pretrained_tokenizer(folder)
-        return cls(freeze(hf.load_folder(folder, device)), tokenizer)
+        return cls(freeze(hf.load_folder(folder, device), bf16), tokenizer)
 
     def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> Tensor:
         return score(
@@ -106,6 +109,17 @@ class EnsembleScorer:
         return scores.min(0).values if self.reduce == "min" else scores.mean(0)
 
 
+def external_scorer(folder: Path, device: torch.device, bf16: bool = False) -> Scorer:
+    """A reward model folder in Hugging Face layout: through our own backbones where we have
+    its family, else through transformers (the `[hf]` extra), imported only here."""
+    model_type = hf.read_config(folder).get("model_type")
+    if model_type in hf.FAMILIES:
+        return ExternalRewardScorer.load(folder, device, bf16)
+    from rlhf.algorithms.transformers_scorer import TransformersRewardScorer
+
+    return TransformersRewardScorer.load(folder, str(model_type), device, bf16)
+
+
 def make_scorer(
     reward: str,
     tokenizer: Tokenizer,
@@ -113,10 +127,12 @@ def make_scorer(
     rm_path: str | Path,
     ensemble: Sequence[str | Path] = (),
     reduce: str = "min",
+    frozen_bf16: bool = False,
 ) -> Scorer:
-    """The reward source `rl.reward` names: `rm`, `hf:DIR`, `rule:NAME` or `ensemble`."""
+    """The reward source `rl.reward` names: `rm`, `hf:DIR`, `rule:NAME` or `ensemble`;
+    `frozen_bf16` loads an external reward model in bfloat16 on CUDA."""
     if reward.startswith("hf:"):
-        return ExternalRewardScorer.load(reward.removeprefix("hf:"), device)
+        return external_scorer(Path(reward.removeprefix("hf:")), device, frozen_bf16)
     if reward == "rm":
         return RewardModelScorer.load(rm_path, tokenizer, device)
     if reward == "ensemble":

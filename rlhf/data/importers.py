@@ -230,6 +230,21 @@ def import_ranked(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def best_answers(ranked: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Demonstrations from comparisons: each row's best-ranked answer (the first of tied
+    bests), for data sets such as HH-RLHF that come without demonstrations, whose chosen
+    answers are the customary SFT targets."""
+    return [
+        {
+            "prompt": row["prompt"],
+            "response": row["responses"][row["ranks"].index(min(row["ranks"]))],
+            "task": row["task"],
+            "source": row["source"],
+        }
+        for row in ranked
+    ]
+
+
 IMPORTERS: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
     "sft": import_sft,
     "pairwise": import_pairwise,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlhf.data.tokenizer import Tokenizer
-from rlhf.eval.gold import gold_summary
+from rlhf.eval.gold import gold_summary, has_judge
 from rlhf.eval.win_rates import win_rate
 from rlhf.models.backbone import Backbone
 from rlhf.sampling.forward import response_forward
@@ -24,6 +24,12 @@ from rlhf.sampling.sampler import SamplingConfig
 
 if TYPE_CHECKING:
     from rlhf.algorithms.scorers import Scorer
+
+# the RL stage's gold-judged keys: None on prompts from outside the task suite
+GOLD_VS_REFERENCE = (
+    "gold_sampled", "gold_sampled_sft", "gold_sampled_by_task", "gold_sampled_sft_by_task",
+    "win_rate_vs_sft",
+)  # fmt: skip
 
 
 @dataclass
@@ -150,7 +156,7 @@ def score_policy(
     )
 
 
-def gold_vs_reference(
+def versus_reference(
     policy: Backbone,
     reference: Backbone,
     tokenizer: Tokenizer,
@@ -161,22 +167,26 @@ def gold_vs_reference(
     seed: int,
     batch_size: int,
 ) -> dict[str, Any]:
-    """Gold score, win rate over the reference (ties half) and KL to it on held-out prompts,
-    `samples` answers per prompt at temperature 1; both policies sample with the same seed."""
+    """KL to the reference on held-out prompts, `samples` answers per prompt at temperature 1,
+    and where the gold judge applies (prompts from the task suite) the gold score of both
+    policies, sampled with the same seed, and the win rate over the reference (ties half).
+    Without a judge those keys stay, as None, so every run's metrics have the same keys."""
     config = SamplingConfig(max_new_tokens=max_new_tokens)
     prompts = [r["prompt"] for r in heldout]
-    tasks = [r["task"] for r in heldout for _ in range(samples)]
     common: dict[str, Any] = dict(n=samples, config=config, seed=seed, batch_size=batch_size)
     policy_samples = sample_policy(policy, tokenizer, prompts, reference=reference, **common)
-    reference_samples = sample_policy(reference, tokenizer, prompts, **common)
-    mine = gold_summary(policy_samples.prompts, tasks, policy_samples.responses)
-    theirs = gold_summary(reference_samples.prompts, tasks, reference_samples.responses)
     kl = policy_samples.kl_to_reference
-    return {
-        "gold_sampled": mine["mean"],
-        "gold_sampled_sft": theirs["mean"],
-        "gold_sampled_by_task": mine["by_task"],
-        "gold_sampled_sft_by_task": theirs["by_task"],
-        "win_rate_vs_sft": round(win_rate(mine["scores"], theirs["scores"]), 4),
-        "kl_to_sft": round(sum(kl) / len(kl), 4),
-    }
+    gold: dict[str, Any] = dict.fromkeys(GOLD_VS_REFERENCE)
+    if has_judge(heldout):
+        tasks = [r["task"] for r in heldout for _ in range(samples)]
+        reference_samples = sample_policy(reference, tokenizer, prompts, **common)
+        mine = gold_summary(policy_samples.prompts, tasks, policy_samples.responses)
+        theirs = gold_summary(reference_samples.prompts, tasks, reference_samples.responses)
+        gold = {
+            "gold_sampled": mine["mean"],
+            "gold_sampled_sft": theirs["mean"],
+            "gold_sampled_by_task": mine["by_task"],
+            "gold_sampled_sft_by_task": theirs["by_task"],
+            "win_rate_vs_sft": round(win_rate(mine["scores"], theirs["scores"]), 4),
+        }
+    return gold | {"kl_to_sft": round(sum(kl) / len(kl), 4)}

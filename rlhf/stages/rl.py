@@ -9,7 +9,9 @@ Resume state (policy, critic, optimizers, KL coefficient, step, RNGs, history) i
 `rl.save_every` iterations; a killed run started again continues from there and, on CPU,
 ends with the same numbers as an uninterrupted one. At the end the policy and SFT sample
 held-out prompts with the same seed and the gold judge scores both: the gold score, the win
-rate over SFT and the KL to SFT tell whether RL improved the policy or only the proxy.
+rate over SFT and the KL to SFT tell whether RL improved the policy or only the proxy. On
+prompts from outside the task suite (your own data) there is no gold judge: the gold keys are
+None and the KL to SFT is still measured.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from rlhf.algorithms.scorers import make_scorer
 from rlhf.atomic import remove_stale_in, write_csv, write_json, write_text
 from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
-from rlhf.eval.policies import gold_vs_reference
+from rlhf.eval.policies import versus_reference
 from rlhf.models import checkpoint
 from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
 from rlhf.stages import paths
@@ -78,7 +80,13 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         critic = stage.load_model(paths.RM_MODEL)
         critic.init_value_head_from_reward_head()
     scorer = make_scorer(
-        p.rl.reward, tokenizer, stage.device, paths.RM_MODEL, p.rl.ensemble, p.rl.ensemble_reduce
+        p.rl.reward,
+        tokenizer,
+        stage.device,
+        paths.RM_MODEL,
+        p.rl.ensemble,
+        p.rl.ensemble_reduce,
+        stage.frozen_bf16,
     )
     demos = read_rows(paths.SFT_TRAIN, SFT_SCHEMA) if cfg.ptx_coef > 0 else []
     block = p.model.block_size
@@ -210,7 +218,7 @@ def run(algorithm: str) -> dict[str, Any]:
     trainer = build_trainer(stage, algorithm)
     history, samples = train(stage, trainer)
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
-    metrics = summary(history, trainer) | gold_vs_reference(
+    metrics = summary(history, trainer) | versus_reference(
         trainer.policy, trainer.reference, stage.tokenizer, heldout, samples=shared.eval_samples,
         max_new_tokens=shared.max_new_tokens, seed=p.seed, batch_size=shared.eval_batch_size,
     )  # fmt: skip
