@@ -42,6 +42,8 @@ class ImportKind(str, Enum):
     pairwise = "pairwise"
     hh = "hh"
     ranked = "ranked"
+    ultrafeedback = "ultrafeedback"
+    label_studio = "label-studio"
 
 
 class ImportedAs(str, Enum):
@@ -293,12 +295,17 @@ def generate(
 
 @command("import")
 def import_data(
-    source: Annotated[Path, typer.Argument(help="A .jsonl or .parquet file.")],
+    source: Annotated[
+        Path,
+        typer.Argument(help="A .jsonl, .parquet or .json (one array, as Label Studio exports)."),
+    ],
     kind: Annotated[
         ImportKind,
         typer.Option(
             help="sft: prompt, response. pairwise: prompt, chosen, rejected. hh: Anthropic "
-            "HH-RLHF transcripts (chosen, rejected). ranked: prompt, responses [{text, rank}]."
+            "HH-RLHF transcripts (chosen, rejected). ranked: prompt, responses [{text, rank}]. "
+            "ultrafeedback: prompt (or instruction), completions [{response, overall_score}]. "
+            "label-studio: the JSON export of a List + Ranker project."
         ),
     ] = ImportKind.sft,
     imported_as: Annotated[

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from rlhf.errors import PipelineError
+from rlhf.eval.judges import invalid as invalid_judges
 
 # The largest seed: what every random-number generator the pipeline seeds accepts, with room
 # for the offsets derived from it (seed * 100_003 + epoch must stay a 64-bit integer).
@@ -422,6 +423,15 @@ class GRPOParams(ClipParams):
 class EvaluateParams:
     """Every policy on the held-out prompts, judged by the gold judge and the reward model."""
 
+    judges: tuple[str, ...] = spec(
+        ("gold", "rm"),
+        "Who decides the win rates, each under its own name (`win_rate.<judge>.<a>_vs_<b>`): "
+        "`gold`, the task suite's programmatic judge (skipped on prompts from outside the "
+        "suite); `rm`, the trained reward model (any prompts, but the proxy the RL policies "
+        "optimized, so it flatters them); `hf:DIR`, a reward model trained elsewhere; "
+        "`rule:NAME`, a reward function in rlhf/algorithms/rules.py.",
+    )
+
     samples: int = spec(
         8,
         "Answers sampled per held-out prompt and policy. Win rates pair the i-th answers of two "
@@ -523,6 +533,13 @@ class Params:
             # the rule's name is checked against the registry when an RL stage builds it
             raise ParamsError(
                 f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"
+            )
+        unknown_judges = invalid_judges(self.evaluate.judges)
+        if unknown_judges or not self.evaluate.judges:
+            raise ParamsError(
+                f"evaluate.judges = {list(self.evaluate.judges)!r}: "
+                + (f"{unknown_judges[0]!r} is not " if unknown_judges else "name at least one of ")
+                + "'gold', 'rm', 'hf:DIR' or 'rule:NAME'"
             )
         if reward == "ensemble" and not self.rl.ensemble:
             raise ParamsError("rl.reward = 'ensemble' needs checkpoints in rl.ensemble")

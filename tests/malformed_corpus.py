@@ -233,7 +233,7 @@ CASES = [
                                          truncate("in.parquet", 20)),
          "in.parquet: not a readable Parquet file", commands=imported(name="in.parquet")),
     Case("import: a .csv file", write_bytes("in.csv", b"prompt,response\na,b\n"),
-         "in.csv: expected a .jsonl or .parquet file", commands=imported(name="in.csv")),
+         "in.csv: expected a .jsonl, .json or .parquet file", commands=imported(name="in.csv")),
     Case("import: missing file", lambda project: None, "in.jsonl: no such file",
          commands=imported()),
     Case("import: --out an existing folder (data/raw)", write_bytes("in.jsonl", jsonl(DEMO)),

@@ -22,18 +22,21 @@ def eval_metrics(project):
 
 POLICIES = {"sft", "ppo", "grpo", "dpo"}  # the tiny config's rl_algorithms: ppo, grpo
 PAIRS = {"ppo_vs_sft", "grpo_vs_sft", "grpo_vs_ppo", "dpo_vs_sft", "dpo_vs_ppo", "dpo_vs_grpo"}
+JUDGES = {"gold", "rm"}
 
 
 def test_metrics_have_the_stable_headline_keys(trained_project):
     metrics = eval_metrics(trained_project)
     for key in ("gold_sampled", "gold_greedy", "rm_sampled", "kl_to_sft", "response_length"):
         assert set(metrics[key]) == POLICIES, key
-    for key in ("win_rate", "win_rate_ci95", "win_rate_decisive", "win_rate_decisive_ci95"):
-        assert set(metrics[key]) == PAIRS, key
-    assert set(metrics["tie_rate"]) == set(metrics["win_rate_greedy"]) == PAIRS
-    ci = metrics["win_rate_ci95"]["ppo_vs_sft"]
-    assert ci["low"] <= metrics["win_rate"]["ppo_vs_sft"] <= ci["high"]
-    assert 0.0 <= metrics["win_rate_greedy"]["ppo_vs_sft"] <= 1.0
+    rate_keys = ("win_rate", "win_rate_ci95", "win_rate_decisive", "win_rate_decisive_ci95",
+                 "tie_rate", "win_rate_greedy")  # fmt: skip
+    for key in rate_keys:  # by judge (evaluate.judges: gold, rm), then by pair
+        assert set(metrics[key]) == JUDGES and all(set(v) == PAIRS for v in metrics[key].values())
+    for judge in JUDGES:
+        ci = metrics["win_rate_ci95"][judge]["ppo_vs_sft"]
+        assert ci["low"] <= metrics["win_rate"][judge]["ppo_vs_sft"] <= ci["high"]
+        assert 0.0 <= metrics["win_rate_greedy"][judge]["ppo_vs_sft"] <= 1.0
     assert metrics["kl_to_sft"]["sft"] == 0.0 and metrics["kl_to_sft"]["ppo"] > 0.0
     heldout = read_rows(trained_project / "data/prepared/prompts_heldout.parquet", PROMPT_SCHEMA)
     assert metrics["prompts"] == len(heldout)
@@ -42,26 +45,31 @@ def test_metrics_have_the_stable_headline_keys(trained_project):
 
 def test_evaluation_agrees_with_the_ppo_stage_on_the_same_samples(trained_project):
     """Same seed, one sample per prompt, same length cap: the two stages draw the same answers,
-    so their gold scores, win rate and KL must agree."""
+    so their gold scores, win rates by the gold judge and by the reward model PPO optimized, and
+    KL must agree."""
     metrics = eval_metrics(trained_project)
     ppo = json.loads((trained_project / "metrics" / "ppo.json").read_text())
     assert metrics["gold_sampled"]["sft"] == ppo["gold_sampled_sft"]
     assert metrics["gold_sampled"]["ppo"] == ppo["gold_sampled"]
-    assert metrics["win_rate"]["ppo_vs_sft"] == ppo["win_rate_vs_sft"]
+    assert set(ppo["win_rate_vs_sft"]) == JUDGES  # rl.reward: rm
+    for judge in JUDGES:
+        assert metrics["win_rate"][judge]["ppo_vs_sft"] == ppo["win_rate_vs_sft"][judge]
     assert metrics["kl_to_sft"]["ppo"] == pytest.approx(ppo["kl_to_sft"], abs=1e-3)
 
 
 def test_ties_and_decisive_win_rates_add_up(trained_project):
     """win rate (ties half) = decisive rate * (1 - tie rate) + tie rate / 2, pair by pair."""
     metrics = eval_metrics(trained_project)
-    for pair, rate in metrics["win_rate"].items():
-        ties, decisive = metrics["tie_rate"][pair], metrics["win_rate_decisive"][pair]
-        if decisive is None:
-            assert ties == 1.0 and rate == 0.5
-            continue
-        assert rate == pytest.approx(decisive * (1 - ties) + ties / 2, abs=2e-4)
-        ci = metrics["win_rate_decisive_ci95"][pair]
-        assert ci["low"] <= decisive <= ci["high"]
+    for judge, rates in metrics["win_rate"].items():
+        for pair, rate in rates.items():
+            ties = metrics["tie_rate"][judge][pair]
+            decisive = metrics["win_rate_decisive"][judge][pair]
+            if decisive is None:
+                assert ties == 1.0 and rate == 0.5
+                continue
+            assert rate == pytest.approx(decisive * (1 - ties) + ties / 2, abs=2e-4)
+            ci = metrics["win_rate_decisive_ci95"][judge][pair]
+            assert ci["low"] <= decisive <= ci["high"]
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
@@ -83,8 +91,10 @@ def test_report_shows_tables_figures_and_answers(trained_project):
     reports = trained_project / "reports"
     text = (reports / "eval.md").read_text()
     metrics = eval_metrics(trained_project)
-    rate = metrics["win_rate"]["ppo_vs_sft"]
-    assert f"| ppo vs sft | {rate:.3f} |" in text
+    for judge in JUDGES:
+        rate = metrics["win_rate"][judge]["ppo_vs_sft"]
+        assert f"| ppo vs sft | {rate:.3f} |" in text
+        assert f"**Judged by `{judge}`**" in text
     assert "## By task family" in text and "## Warning signs" in text
     heldout = read_rows(trained_project / "data/prepared/prompts_heldout.parquet", PROMPT_SCHEMA)
     first_of_task = {}
@@ -93,7 +103,7 @@ def test_report_shows_tables_figures_and_answers(trained_project):
     for prompt in first_of_task.values():  # examples_per_task: 1
         assert f"`{prompt}`" in text
     images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
-    assert len(images) == 4
+    assert len(images) == 5  # the win rates by each judge, gold scores, curves, losses
     for image in images:
         assert (reports / image).read_bytes()[:8] == PNG
 
@@ -107,7 +117,8 @@ def test_run_returns_the_headline_numbers(trained_project, tmp_path, monkeypatch
 
     numbers = evaluate.run()
     metrics = eval_metrics(project)
-    assert numbers["win_rate.ppo_vs_sft"] == metrics["win_rate"]["ppo_vs_sft"]
+    assert numbers["win_rate.gold.ppo_vs_sft"] == metrics["win_rate"]["gold"]["ppo_vs_sft"]
+    assert numbers["win_rate.rm.dpo_vs_ppo"] == metrics["win_rate"]["rm"]["dpo_vs_ppo"]
     assert numbers["gold_greedy.sft"] == metrics["gold_greedy"]["sft"]
     assert metrics == eval_metrics(trained_project)  # same params and seed, same numbers
     assert not any(k.startswith("by_task") for k in numbers)
@@ -137,8 +148,11 @@ def test_a_failed_report_leaves_the_previous_outputs(trained_project, tmp_path, 
     assert sorted(p.name for p in (project / "reports").iterdir()) == ["eval.md", "figures"]
 
 
-def test_prompts_without_a_gold_judge_get_reward_model_scores_only(trained_project, tmp_path):
-    project = make_project(tmp_path / "p")
+def test_prompts_without_a_gold_judge_are_judged_by_the_others(trained_project, tmp_path):
+    """Off the task suite the gold judge steps aside; the reward model and a rule still give
+    win rates with intervals, each under its own name."""
+    judges = ["gold", "rm", "rule:contains_number"]
+    project = make_project(tmp_path / "p", {"evaluate.judges": judges})
     for part in ("data", "artifacts", "metrics"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     heldout = project / "data/prepared/prompts_heldout.parquet"
@@ -146,8 +160,13 @@ def test_prompts_without_a_gold_judge_get_reward_model_scores_only(trained_proje
     write_rows(heldout, rows, PROMPT_SCHEMA)
     run_module("rlhf.stages.evaluate", project)
     metrics = eval_metrics(project)
-    assert "gold_sampled" not in metrics and "win_rate" not in metrics
+    assert "gold_sampled" not in metrics
     assert set(metrics["rm_sampled"]) == POLICIES
+    assert set(metrics["win_rate"]) == set(metrics["win_rate_ci95"]) == set(judges[1:])
+    assert set(metrics["win_rate"]["rule:contains_number"]) == PAIRS
+    text = (project / "reports" / "eval.md").read_text()
+    assert "**Judged by `rule:contains_number`**, the reward function contains_number" in text
+    assert (project / "reports" / "figures" / "win_rates_rule_contains_number.png").is_file()
     text = (project / "reports" / "eval.md").read_text()
     assert "no gold judge" in text
 
@@ -182,7 +201,11 @@ def test_the_evaluation_follows_rl_algorithms(trained_project, tmp_path):
     run_module("rlhf.stages.evaluate", project)
     metrics = eval_metrics(project)
     assert set(metrics["gold_sampled"]) == {"sft", "reinforce", "dpo"}
-    assert set(metrics["win_rate"]) == {"reinforce_vs_sft", "dpo_vs_sft", "dpo_vs_reinforce"}
+    assert set(metrics["win_rate"]["gold"]) == {
+        "reinforce_vs_sft",
+        "dpo_vs_sft",
+        "dpo_vs_reinforce",
+    }
     assert metrics["kl_to_sft"]["reinforce"] > 0
     with open(project / "metrics" / "reinforce_steps.csv") as handle:
         assert {row["update_epochs_run"] for row in csv.DictReader(handle)} == {"1"}  # one pass

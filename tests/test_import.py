@@ -5,7 +5,7 @@ from typer.testing import CliRunner
 
 from rlhf.cli import app
 from rlhf.data.importers import import_sft
-from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, DataError, read_rows
+from rlhf.data.schemas import PROMPT_SCHEMA, RANKED_SCHEMA, SFT_SCHEMA, DataError, read_rows
 
 from conftest import make_project, run_module, write_params
 
@@ -87,3 +87,24 @@ def test_comparisons_import_as_demonstrations_of_their_best_answers(tmp_path):
     sft = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "response": "b"}])
     result = CliRunner().invoke(app, ["import", str(sft), "--as", "comparisons"])
     assert result.exit_code == 2 and "cannot become comparisons" in result.output
+
+
+def test_cli_imports_label_studio_and_ultrafeedback_exports_as_comparisons(tmp_path):
+    task = {
+        "data": {"prompt": "Greet Ann.", "items": [{"id": 1, "body": "Hi Ann!"},
+                                                   {"id": 2, "body": "Go away."}]},
+        "annotations": [{"result": [{"type": "ranker", "value": {"ranker": {"r": [1, 2]}}}]}],
+    }  # fmt: skip
+    export = tmp_path / "project-1.json"
+    export.write_text(json.dumps([task], indent=2))
+    scored = write_jsonl(tmp_path / "uf.jsonl", [{"prompt": "Greet Ann.", "completions": [
+        {"response": "Go away.", "overall_score": 1}, {"response": "Hi Ann!", "overall_score": 8},
+    ]}])  # fmt: skip
+    for source, kind in ((export, "label-studio"), (scored, "ultrafeedback")):
+        out = tmp_path / f"{kind}.parquet"
+        result = CliRunner().invoke(app, ["import", str(source), "--kind", kind, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert "collect.source: files" in result.output
+        [row] = read_rows(out, RANKED_SCHEMA)
+        ranked = sorted(zip(row["ranks"], row["responses"], strict=True))
+        assert [text for _, text in ranked] == ["Hi Ann!", "Go away."]

@@ -149,13 +149,15 @@ def test_dvc_repro_runs_every_stage_from_a_pretrained_qwen3_folder(project, fold
     assert last < first  # validation loss falls from the random start
     ppo = json.loads((project / "metrics" / "ppo.json").read_text())
     assert ppo["steps"] == 2  # two PPO iterations scored by the external reward model
-    assert ppo["gold_sampled"] is None and ppo["win_rate_vs_sft"] is None  # no gold judge
-    assert ppo["kl_to_sft"] > 0
+    assert ppo["gold_sampled"] is None and ppo["kl_to_sft"] > 0  # no gold judge
+    assert set(ppo["win_rate_vs_sft"]) == {f"hf:{folders['reward']}"}  # judged by its reward
     heldout = read_rows(project / "data" / "prepared" / "prompts_heldout.parquet", PROMPT_SCHEMA)
     assert heldout[0]["prompt"].startswith("Human: ") and heldout[0]["source"] == "files"
     evaluation = json.loads((project / "metrics" / "eval.json").read_text())
     assert evaluation["prompts"] == len(heldout) >= 8 and evaluation["kl_to_sft"]["sft"] == 0.0
     assert set(evaluation["rm_sampled"]) == {"sft", "ppo", "dpo"}
+    assert set(evaluation["win_rate"]) == {"rm"}  # the trained reward model judges
+    assert set(evaluation["win_rate"]["rm"]) == {"ppo_vs_sft", "dpo_vs_sft", "dpo_vs_ppo"}
     pretrained = transformers.AutoModelForCausalLM.from_pretrained(folders["policy"])
     heads = 2 * (pretrained.config.hidden_size + 1)  # our fresh value and reward heads
     assert sft["params"] == pretrained.num_parameters() + heads  # every weight from the folder

@@ -29,12 +29,12 @@ def metrics(ppo_length=8.0, ppo_ends=1.0, ppo_add=(0.5, 0.0)) -> dict:
             "sft": {"add": task_scores(0.5, 0.0), "greet": task_scores(0.6, 0.1)},
             "ppo": {"add": task_scores(*ppo_add), "greet": task_scores(0.9, 0.5)},
         },
-        "win_rate": {"ppo_vs_sft": 0.61},
-        "win_rate_ci95": {"ppo_vs_sft": {"low": 0.55, "high": 0.66}},
-        "win_rate_decisive": {"ppo_vs_sft": 0.74},
-        "win_rate_decisive_ci95": {"ppo_vs_sft": {"low": 0.62, "high": 0.85}},
-        "tie_rate": {"ppo_vs_sft": 0.5},
-        "win_rate_greedy": {"ppo_vs_sft": 0.5},
+        "win_rate": {"gold": {"ppo_vs_sft": 0.61}},
+        "win_rate_ci95": {"gold": {"ppo_vs_sft": {"low": 0.55, "high": 0.66}}},
+        "win_rate_decisive": {"gold": {"ppo_vs_sft": 0.74}},
+        "win_rate_decisive_ci95": {"gold": {"ppo_vs_sft": {"low": 0.62, "high": 0.85}}},
+        "tie_rate": {"gold": {"ppo_vs_sft": 0.5}},
+        "win_rate_greedy": {"gold": {"ppo_vs_sft": 0.5}},
     }
 
 
@@ -89,6 +89,7 @@ def test_report_tables_come_from_the_metrics(tmp_path):
     )
     assert "| gold score, sampled | 0.600 | 0.700 |" in text
     assert "| ppo vs sft | 0.610 | 0.550 – 0.660 | 0.740 | 0.620 – 0.850 | 0.500 | 0.500 |" in text
+    assert "**Judged by `gold`**, the task suite's programmatic judge" in text
     assert "Over-optimization points of ppo" in text
     assert "| add | 0.500 | 0.500 |" in text  # gold by task
     assert "![Win rates](figures/win_rates.png)" in text
@@ -106,7 +107,7 @@ def test_figures_are_written_as_png(tmp_path):
     rate = WinRate(
         0.6, 0.55, 0.66, tie_rate=0.2, decisive=0.62, decisive_low=0.5, decisive_high=0.7
     )
-    plots.win_rates(tmp_path / "w.png", {"ppo_vs_sft": rate})
+    plots.win_rates(tmp_path / "w.png", {"ppo_vs_sft": rate}, "gold")
     plots.scores_by_task(
         tmp_path / "t.png", {"sft": {"all": 0.6, "add": 0.5}, "ppo": {"all": 0.7, "add": 0.4}},
         "Gold score by task", "gold score",

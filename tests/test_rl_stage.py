@@ -47,7 +47,10 @@ def rl_steps(project, algorithm="ppo"):
 def test_each_algorithm_writes_its_own_outputs(trained_project, algorithm):
     metrics = rl_metrics(trained_project, algorithm)
     assert set(metrics) >= RL_KEYS | {"kl_to_sft", "gold_sampled_sft"}
-    assert metrics["steps"] == 4 and 0.0 <= metrics["win_rate_vs_sft"] <= 1.0
+    assert metrics["steps"] == 4 and set(metrics["win_rate_vs_sft"]) == {"gold", "rm"}
+    for judge, rate in metrics["win_rate_vs_sft"].items():  # by gold and by its reward source
+        ci = metrics["win_rate_vs_sft_ci95"][judge]
+        assert 0.0 <= ci["low"] <= rate <= ci["high"] <= 1.0
     steps = rl_steps(trained_project, algorithm)
     assert [int(r["step"]) for r in steps] == [1, 2, 3, 4]
     critic = CRITIC_COLUMNS if algorithm == "ppo" else {"kl_loss"}

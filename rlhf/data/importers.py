@@ -1,8 +1,9 @@
 """Turn users' own JSONL or Parquet files into the pipeline's validated Parquet schemas.
 
-Four kinds: demonstrations (`sft`), and three shapes of preference data that all become ranked
-rows (rank 0 = best) for the reward model: plain pairs, Anthropic HH-RLHF transcripts, and the
-ranked lists that annotation tools export.
+Six kinds: demonstrations (`sft`), and five shapes of preference data that all become ranked
+rows (rank 0 = best, equal ranks tie) for the reward model: plain pairs, Anthropic HH-RLHF
+transcripts, the ranked lists that annotation tools export, UltraFeedback's scored
+completions, and Label Studio's export of a ranking project.
 
 Each row is checked before anything is written: its JSON, its UTF-8 (the byte offset of a bad
 sequence is named), its size (`MAX_ROW_BYTES`), its fields, HH transcripts that must end with
@@ -71,7 +72,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Records of a `.jsonl` or `.parquet` file, each a dict; row numbers start at 0."""
     path = Path(path)
     if path.suffix not in (".jsonl", ".json", ".parquet"):
-        raise DataError(f"{path}: expected a .jsonl or .parquet file")
+        raise DataError(f"{path}: expected a .jsonl, .json or .parquet file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix == ".parquet":
@@ -84,8 +85,11 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         if not records:
             raise DataError(f"{path}: no rows")
         return records
+    lines = read_lines(path)
+    if path.suffix == ".json" and "".join(lines).lstrip().startswith("["):
+        return _json_array(path, "\n".join(lines))
     records = []
-    for index, line in enumerate(read_lines(path)):
+    for index, line in enumerate(lines):
         if not line.strip():
             continue
         _check_size(path, len(records), len(line.encode()))
@@ -98,6 +102,21 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
                 f"{path}: row {len(records)}: expected a JSON object (line {index + 1})"
             )
         records.append(record)
+    if not records:
+        raise DataError(f"{path}: no rows")
+    return records
+
+
+def _json_array(path: Path, text: str) -> list[dict[str, Any]]:
+    """A `.json` file holding one array of objects, as Label Studio exports tasks."""
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise DataError(f"{path}: row {index}: expected a JSON object")
+        _check_size(path, index, _text_bytes(record))
     if not records:
         raise DataError(f"{path}: no rows")
     return records
@@ -230,6 +249,112 @@ def import_ranked(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+SCORE_FIELDS = ("overall_score", "score")  # UltraFeedback's, then the generic name
+TEXT_FIELDS = ("response", "text")
+
+
+def _first_field(item: dict[str, Any], names: tuple[str, ...]) -> Any:
+    return next((item[n] for n in names if item.get(n) is not None), None)
+
+
+def ranks_of(scores: list[float]) -> list[int]:
+    """Rank 0 for the highest score, equal scores sharing a rank (a tie)."""
+    levels = sorted(set(scores), reverse=True)
+    return [levels.index(score) for score in scores]
+
+
+def import_ultrafeedback(path: str | Path) -> list[dict[str, Any]]:
+    """UltraFeedback-style rows: a prompt (`prompt`, or UltraFeedback's `instruction`) and
+    several `completions`, each a text (`response` or `text`) with a score (`overall_score`
+    or `score`), higher is better. Ranks follow the scores, equal scores tie; a completion
+    repeated with the same score counts once. A row whose completions all share one score
+    holds no preference and is left out."""
+    path = Path(path)
+    rows = []
+    for index, record in enumerate(read_records(path)):
+        where = f"{path}: row {index}, field 'completions"
+        items = record.get("completions")
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise DataError(f"{where}': expected a list of {{response, overall_score}} objects")
+        scored: dict[str, float] = {}
+        for number, item in enumerate(items):
+            text, score = _first_field(item, TEXT_FIELDS), _first_field(item, SCORE_FIELDS)
+            if not isinstance(text, str) or not text.strip():
+                raise DataError(f"{where}[{number}]': no text in 'response' or 'text'")
+            if isinstance(score, bool) or not isinstance(score, int | float):
+                raise DataError(f"{where}[{number}]': no number in 'overall_score' or 'score'")
+            if scored.setdefault(text, float(score)) != score:
+                raise DataError(
+                    f"{where}[{number}]': the same text as an earlier completion with another score"
+                )
+        if len(set(scored.values())) < 2:
+            continue
+        rows.append({
+            "prompt": _first_field(record, ("prompt", "instruction")),
+            "responses": list(scored),
+            "ranks": ranks_of(list(scored.values())),
+            **_meta(record, path),
+        })  # fmt: skip
+    if not rows:
+        raise DataError(f"{path}: every row's completions share one score; nothing to learn")
+    validate_rows(rows, RANKED_SCHEMA, path)
+    return rows
+
+
+def _ranker_levels(value: dict[str, Any]) -> list[list[str]]:
+    """Item ids by rank level from a Ranker result: one list is an order (each id its own
+    level); buckets are levels in the order the project defines them, ids within one tie.
+    Ids are compared as text: an export may hold them as numbers."""
+    lists = {k: v for k, v in value.get("ranker", {}).items() if k != "_"}
+    if len(lists) == 1:
+        return [[str(item)] for item in next(iter(lists.values()))]
+    return [[str(item) for item in ids] for ids in lists.values() if ids]
+
+
+def import_label_studio(path: str | Path) -> list[dict[str, Any]]:
+    """Label Studio's JSON export of a ranking project (a List of answers and a Ranker): each
+    task's `data` has the `prompt` and the answers as a list of {id, body} items (`text` or
+    `title` where `body` is absent); each annotation's Ranker result orders their ids, or sorts
+    them into buckets that are tied levels. One ranked row per annotation, so several labelers'
+    rankings of one task all count; cancelled annotations and unlabeled tasks are skipped."""
+    path = Path(path)
+    rows = []
+    for index, task in enumerate(read_records(path)):
+        data = task.get("data")
+        if not isinstance(data, dict):
+            raise DataError(f"{path}: row {index}, field 'data': missing; is this a Label "
+                            "Studio JSON export?")  # fmt: skip
+        lists = [v for v in data.values() if isinstance(v, list) and v and
+                 all(isinstance(i, dict) and "id" in i for i in v)]  # fmt: skip
+        if not lists:
+            raise DataError(f"{path}: row {index}, field 'data': no list of {{id, body}} items")
+        texts = {str(i["id"]): _first_field(i, ("body", "text", "title")) for i in lists[0]}
+        annotations = [a for a in task.get("annotations") or [] if not a.get("was_cancelled")]
+        for number, annotation in enumerate(annotations):
+            where = f"{path}: row {index}, field 'annotations[{number}].result'"
+            rankers = [
+                r["value"] for r in annotation.get("result", []) if r.get("type") == "ranker"
+            ]
+            if not rankers:
+                raise DataError(f"{where}: no ranker result")
+            levels = _ranker_levels(rankers[0])
+            ranked = {item: level for level, ids in enumerate(levels) for item in ids}
+            unknown = set(ranked) - set(texts)
+            if unknown:
+                raise DataError(f"{where}: ids {sorted(unknown)} are not among the task's items")
+            rows.append({
+                "prompt": data.get("prompt"),
+                "responses": [texts[item] for item in ranked],
+                "ranks": list(ranked.values()),
+                "task": data.get("task", "user"),
+                "source": path.name,
+            })  # fmt: skip
+    if not rows:
+        raise DataError(f"{path}: no task has a ranking annotation")
+    validate_rows(rows, RANKED_SCHEMA, path)
+    return rows
+
+
 def best_answers(ranked: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Demonstrations from comparisons: each row's best-ranked answer (the first of tied
     bests), for data sets such as HH-RLHF that come without demonstrations, whose chosen
@@ -250,4 +375,6 @@ IMPORTERS: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
     "pairwise": import_pairwise,
     "hh": import_hh,
     "ranked": import_ranked,
+    "ultrafeedback": import_ultrafeedback,
+    "label-studio": import_label_studio,
 }

@@ -102,8 +102,8 @@ def overoptimization_curve(path: Path, curves: Mapping[str, Rows]) -> None:
     _save(fig, path)
 
 
-def win_rates(path: Path, rates: Mapping[str, WinRate]) -> None:
-    """Each pair's gold-judged win rate with its 95% interval; 0.5 is no preference."""
+def win_rates(path: Path, rates: Mapping[str, WinRate], judge: str) -> None:
+    """Each pair's win rate by `judge` with its 95% interval; 0.5 is no preference."""
     names = list(rates)
     fig = Figure(figsize=(7, 1.2 + 0.6 * len(names)), layout="constrained")
     ax = fig.subplots()
@@ -118,7 +118,7 @@ def win_rates(path: Path, rates: Mapping[str, WinRate]) -> None:
     ax.axvline(0.5, color="black", linestyle=":", label="no preference")
     ax.set(
         xlim=(0, 1),
-        title="Gold-judged win rate, ties half (bars: 95% bootstrap interval)",
+        title=f"Win rate judged by {judge}, ties half (bars: 95% bootstrap interval)",
         xlabel="win rate of the first policy over the second",
     )
     ax.set_yticks(range(len(names)), [n.replace("_vs_", " vs ") for n in names])

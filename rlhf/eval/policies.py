@@ -8,7 +8,7 @@ RLHF bounds.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,8 @@ import torch
 
 from rlhf.data.tokenizer import Tokenizer
 from rlhf.eval.gold import gold_summary, has_judge
-from rlhf.eval.win_rates import win_rate
+from rlhf.eval.judges import GOLD, REWARD_MODEL
+from rlhf.eval.win_rates import compare
 from rlhf.models.backbone import Backbone
 from rlhf.sampling.forward import response_forward
 from rlhf.sampling.rollout import sample_rollout
@@ -25,11 +26,14 @@ from rlhf.sampling.sampler import SamplingConfig
 if TYPE_CHECKING:
     from rlhf.algorithms.scorers import Scorer
 
-# the RL stage's gold-judged keys: None on prompts from outside the task suite
+# the RL stage's gold scores: None on prompts from outside the task suite
 GOLD_VS_REFERENCE = (
-    "gold_sampled", "gold_sampled_sft", "gold_sampled_by_task", "gold_sampled_sft_by_task",
-    "win_rate_vs_sft",
-)  # fmt: skip
+    "gold_sampled",
+    "gold_sampled_sft",
+    "gold_sampled_by_task",
+    "gold_sampled_sft_by_task",
+)
+REPORT_RESAMPLES = 1000  # bootstrap resamples of the RL stage's win-rate intervals
 
 
 @dataclass
@@ -100,6 +104,7 @@ class ScoredAnswers:
     kl: list[float]  # to the reference policy
     length: list[int]
     ended: list[bool]
+    judged: dict[str, list[float]] = field(default_factory=dict)  # judge -> score per answer
 
     def _mean(self, measure: str, rows: Sequence[int]) -> float | None:
         values = getattr(self, MEASURES[measure])
@@ -133,8 +138,11 @@ def score_policy(
     config: SamplingConfig,
     seed: int,
     batch_size: int,
+    other_judges: Mapping[str, Scorer] | None = None,
 ) -> ScoredAnswers:
-    """Sample `n` answers per prompt and measure each: gold, reward, KL, length, ending.
+    """Sample `n` answers per prompt and measure each: gold, reward, KL, length, ending, and
+    the score of every judge: `gold` where there is a gold judge, `rm` (the reward), and
+    `other_judges` by name.
 
     The reference itself gets a KL of exactly 0 without a second forward pass.
     """
@@ -144,15 +152,21 @@ def score_policy(
     )  # fmt: skip
     responses = samples.responses
     pairs = zip(samples.prompts, responses, strict=True)
+    gold = None if judge is None else [judge(p, r) for p, r in pairs]
+    reward = scorer(samples.prompts, responses).tolist()
+    judged = ({} if gold is None else {GOLD: gold}) | {REWARD_MODEL: reward}
+    for name, other in (other_judges or {}).items():
+        judged[name] = other(samples.prompts, responses).tolist()
     return ScoredAnswers(
         prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
         tasks=[t for t in tasks for _ in range(n)],
         responses=responses,
-        gold=None if judge is None else [judge(p, r) for p, r in pairs],
-        reward=scorer(samples.prompts, responses).tolist(),
+        gold=gold,
+        reward=reward,
         kl=samples.kl_to_reference or [0.0] * len(responses),
         length=samples.lengths,
         ended=samples.ended,
+        judged=judged,
     )
 
 
@@ -162,31 +176,49 @@ def versus_reference(
     tokenizer: Tokenizer,
     heldout: Sequence[dict[str, Any]],
     *,
+    reward: tuple[str, Scorer],
     samples: int,
     max_new_tokens: int,
     seed: int,
     batch_size: int,
 ) -> dict[str, Any]:
-    """KL to the reference on held-out prompts, `samples` answers per prompt at temperature 1,
-    and where the gold judge applies (prompts from the task suite) the gold score of both
-    policies, sampled with the same seed, and the win rate over the reference (ties half).
-    Without a judge those keys stay, as None, so every run's metrics have the same keys."""
+    """The policy against the reference on held-out prompts, `samples` answers per prompt at
+    temperature 1, both sampled with the same seed: its KL to the reference, and its win rate
+    over the reference (ties half, with a 95% bootstrap interval over prompts) by each judge
+    that applies: the RL reward source `reward` (name, scorer), the proxy the policy was
+    trained on, and the gold judge where the prompts come from the task suite, which also
+    gives both policies' gold scores. Without a gold judge those keys stay, as None, so every
+    run's metrics have the same keys."""
     config = SamplingConfig(max_new_tokens=max_new_tokens)
     prompts = [r["prompt"] for r in heldout]
     common: dict[str, Any] = dict(n=samples, config=config, seed=seed, batch_size=batch_size)
-    policy_samples = sample_policy(policy, tokenizer, prompts, reference=reference, **common)
-    kl = policy_samples.kl_to_reference
+    mine = sample_policy(policy, tokenizer, prompts, reference=reference, **common)
+    theirs = sample_policy(reference, tokenizer, prompts, **common)
+    name, scorer = reward
+    judged = {name: [scorer(s.prompts, s.responses).tolist() for s in (mine, theirs)]}
     gold: dict[str, Any] = dict.fromkeys(GOLD_VS_REFERENCE)
     if has_judge(heldout):
         tasks = [r["task"] for r in heldout for _ in range(samples)]
-        reference_samples = sample_policy(reference, tokenizer, prompts, **common)
-        mine = gold_summary(policy_samples.prompts, tasks, policy_samples.responses)
-        theirs = gold_summary(reference_samples.prompts, tasks, reference_samples.responses)
+        mine_gold, theirs_gold = (
+            gold_summary(s.prompts, tasks, s.responses) for s in (mine, theirs)
+        )
+        judged = {GOLD: [mine_gold["scores"], theirs_gold["scores"]]} | judged
         gold = {
-            "gold_sampled": mine["mean"],
-            "gold_sampled_sft": theirs["mean"],
-            "gold_sampled_by_task": mine["by_task"],
-            "gold_sampled_sft_by_task": theirs["by_task"],
-            "win_rate_vs_sft": round(win_rate(mine["scores"], theirs["scores"]), 4),
+            "gold_sampled": mine_gold["mean"],
+            "gold_sampled_sft": theirs_gold["mean"],
+            "gold_sampled_by_task": mine_gold["by_task"],
+            "gold_sampled_sft_by_task": theirs_gold["by_task"],
         }
-    return gold | {"kl_to_sft": round(sum(kl) / len(kl), 4)}
+    groups = [i for i in range(len(prompts)) for _ in range(samples)]
+    rates = {
+        judge: compare(a, b, groups, resamples=REPORT_RESAMPLES, seed=seed)
+        for judge, (a, b) in judged.items()
+    }
+    kl = mine.kl_to_reference
+    return gold | {
+        "win_rate_vs_sft": {judge: round(r.rate, 4) for judge, r in rates.items()},
+        "win_rate_vs_sft_ci95": {
+            judge: {"low": round(r.low, 4), "high": round(r.high, 4)} for judge, r in rates.items()
+        },
+        "kl_to_sft": round(sum(kl) / len(kl), 4),
+    }

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf.eval import plots
+from rlhf.eval import judges, plots
 from rlhf.eval.win_rates import WinRate
 
 Rows = Sequence[Mapping[str, Any]]
@@ -65,20 +65,20 @@ def _interval(ci: Mapping[str, float | None]) -> str:
     return f"{ci['low']:.3f} – {ci['high']:.3f}"
 
 
-def win_rates_table(metrics: Mapping[str, Any]) -> list[str]:
-    """Every pair's win rate (ties half, and decisive), each with its interval, the tie rate
-    and the greedy win rate, as Markdown lines."""
+def win_rates_table(metrics: Mapping[str, Any], judge: str) -> list[str]:
+    """Every pair's win rate by `judge` (ties half, and decisive), each with its interval,
+    the tie rate and the greedy win rate, as Markdown lines."""
     rows = [
         [
             pair.replace("_vs_", " vs "),
             rate,
-            _interval(metrics["win_rate_ci95"][pair]),
-            metrics["win_rate_decisive"][pair],
-            _interval(metrics["win_rate_decisive_ci95"][pair]),
-            metrics["tie_rate"][pair],
-            metrics["win_rate_greedy"][pair],
+            _interval(metrics["win_rate_ci95"][judge][pair]),
+            metrics["win_rate_decisive"][judge][pair],
+            _interval(metrics["win_rate_decisive_ci95"][judge][pair]),
+            metrics["tie_rate"][judge][pair],
+            metrics["win_rate_greedy"][judge][pair],
         ]
-        for pair, rate in metrics.get("win_rate", {}).items()
+        for pair, rate in metrics["win_rate"][judge].items()
     ]
     header = ["pair", "win rate (ties half)", "95% interval", "decisive win rate", "95% interval"]
     return _table([*header, "ties", "greedy win rate"], rows)
@@ -173,12 +173,14 @@ def render(
         lines += [
             "## Win rates",
             "",
-            "How often the gold judge prefers the first policy's answer to the second's for the "
-            "same prompt: ties counting half, and decisive (wins over wins and losses, ties left "
+            "How often a judge prefers the first policy's answer to the second's for the same "
+            "prompt: ties counting half, and decisive (wins over wins and losses, ties left "
             "out), with the share of ties; intervals are 95% bootstrap over prompts.",
             "",
-            *win_rates_table(metrics),
         ]
+        for judge in metrics["win_rate"]:
+            lines += [f"**Judged by `{judge}`**, {judges.describe(judge)}:", ""]
+            lines += win_rates_table(metrics, judge)
     signs = warning_signs(metrics, curves, policies)
     lines += ["## Warning signs", ""]
     lines += [f"- {s}" for s in signs] or [
@@ -227,7 +229,7 @@ def write(
     directory: Path,
     metrics: Mapping[str, Any],
     *,
-    rates: Mapping[str, WinRate],
+    rates: Mapping[str, Mapping[str, WinRate]],
     curves: Mapping[str, Rows],
     examples: Sequence[Mapping[str, Any]],
     losses: Mapping[str, tuple[Rows, Rows]],
@@ -241,8 +243,12 @@ def write(
         figures[caption] = f"figures/{name}.png"
         draw(directory / figures[caption])
 
-    if rates:
-        figure("Win rates", "win_rates", lambda path: plots.win_rates(path, rates))
+    for judge, by_pair in rates.items():
+        figure(
+            f"Win rates judged by {judge}",
+            f"win_rates_{judges.slug(judge)}",
+            lambda path, by_pair=by_pair, judge=judge: plots.win_rates(path, by_pair, judge),
+        )
     if "gold_sampled" in metrics:
         by_policy = {
             p: {"all": gold} | {t: v["gold_sampled"] for t, v in metrics["by_task"][p].items()}

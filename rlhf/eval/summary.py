@@ -1,9 +1,9 @@
 """The evaluation's numbers: every policy's measures, the pairwise win rates, the answers shown
 side by side, and the over-optimization points, as the metrics dict `dvc metrics` compares.
 
-Metric keys are a contract: `<measure>.<policy>`, `win_rate.<a>_vs_<b>` (ties half) with
-`win_rate_ci95`, `win_rate_decisive` with `win_rate_decisive_ci95`, `tie_rate`,
-`win_rate_greedy`, and `by_task.<policy>.<task>.<measure>`.
+Metric keys are a contract: `<measure>.<policy>`, `win_rate.<judge>.<a>_vs_<b>` (ties half)
+with `win_rate_ci95`, `win_rate_decisive` with `win_rate_decisive_ci95`, `tie_rate` and
+`win_rate_greedy` under the same `<judge>.<a>_vs_<b>`, and `by_task.<policy>.<task>.<measure>`.
 """
 
 from __future__ import annotations
@@ -30,18 +30,20 @@ HEADLINE = (
 
 
 def win_rates(
-    answers: Mapping[str, ScoredAnswers], resamples: int, seed: int
-) -> dict[str, WinRate]:
-    """Gold-judged win rate of every later policy over every earlier one (`ppo_vs_sft`)."""
+    answers: Mapping[str, ScoredAnswers], judges: Sequence[str], resamples: int, seed: int
+) -> dict[str, dict[str, WinRate]]:
+    """By judge, the win rate of every later policy over every earlier one (`ppo_vs_sft`)."""
     names = list(answers)
-    rates = {}
-    for i, baseline in enumerate(names):
-        for name in names[i + 1 :]:
-            a, b = answers[name], answers[baseline]
-            assert a.gold is not None and b.gold is not None
-            rates[f"{name}_vs_{baseline}"] = compare(
-                a.gold, b.gold, a.prompt_index, resamples=resamples, seed=seed
-            )
+    rates: dict[str, dict[str, WinRate]] = {}
+    for judge in judges:
+        rates[judge] = {}
+        for i, baseline in enumerate(names):
+            for name in names[i + 1 :]:
+                a, b = answers[name], answers[baseline]
+                rates[judge][f"{name}_vs_{baseline}"] = compare(
+                    a.judged[judge], b.judged[judge], a.prompt_index, resamples=resamples,
+                    seed=seed,
+                )  # fmt: skip
     return rates
 
 
@@ -49,12 +51,25 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+# metrics key -> its value from one WinRate
+RATE_FIELDS = {
+    "win_rate": lambda r: round(r.rate, 4),
+    "win_rate_ci95": lambda r: {"low": round(r.low, 4), "high": round(r.high, 4)},
+    "win_rate_decisive": lambda r: _rounded(r.decisive),
+    "win_rate_decisive_ci95": lambda r: {
+        "low": _rounded(r.decisive_low), "high": _rounded(r.decisive_high)
+    },
+    "tie_rate": lambda r: round(r.tie_rate, 4),
+}  # fmt: skip
+
+
 def summarize(
     answers: Mapping[str, Mapping[str, ScoredAnswers]],
-    rates: Mapping[str, WinRate],
-    greedy_rates: Mapping[str, WinRate],
+    rates: Mapping[str, Mapping[str, WinRate]],
+    greedy_rates: Mapping[str, Mapping[str, WinRate]],
 ) -> dict[str, Any]:
-    """The metrics dict. `answers`: {"sampled" | "greedy": {policy: its answers}}."""
+    """The metrics dict. `answers`: {"sampled" | "greedy": {policy: its answers}}; `rates`
+    and `greedy_rates`: {judge: {pair: its win rate}}."""
     policies = list(answers["sampled"])
     has_gold = answers["sampled"]["sft"].gold is not None
     measures = {k: v for k, v in MEASURES.items() if has_gold or not k.startswith("gold")}
@@ -74,25 +89,33 @@ def summarize(
         for n in policies
     }
     if rates:
-        metrics["win_rate"] = {k: round(r.rate, 4) for k, r in rates.items()}
-        metrics["win_rate_ci95"] = {
-            k: {"low": round(r.low, 4), "high": round(r.high, 4)} for k, r in rates.items()
+        metrics |= {
+            key: {judge: {pair: value(r) for pair, r in by_pair.items()}
+                  for judge, by_pair in rates.items()}
+            for key, value in RATE_FIELDS.items()
+        }  # fmt: skip
+        metrics["win_rate_greedy"] = {
+            judge: {pair: round(r.rate, 4) for pair, r in by_pair.items()}
+            for judge, by_pair in greedy_rates.items()
         }
-        metrics["win_rate_decisive"] = {k: _rounded(r.decisive) for k, r in rates.items()}
-        metrics["win_rate_decisive_ci95"] = {
-            k: {"low": _rounded(r.decisive_low), "high": _rounded(r.decisive_high)}
-            for k, r in rates.items()
-        }
-        metrics["tie_rate"] = {k: round(r.tie_rate, 4) for k, r in rates.items()}
-        metrics["win_rate_greedy"] = {k: round(r.rate, 4) for k, r in greedy_rates.items()}
     return metrics
 
 
-def headline(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """`<measure>.<policy>` and `win_rate.<pair>` as one flat dict, as `dvc metrics show`
-    names them."""
+def flattened(prefix: str, value: Any) -> dict[str, Any]:
+    """Nested dicts as one flat dict with dotted keys, as `dvc metrics show` names them."""
+    if not isinstance(value, Mapping):
+        return {prefix: value}
     return {
-        f"{key}.{name}": value for key in HEADLINE for name, value in metrics.get(key, {}).items()
+        k: v
+        for name, inner in value.items()
+        for k, v in flattened(f"{prefix}.{name}", inner).items()
+    }
+
+
+def headline(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """`<measure>.<policy>` and `win_rate.<judge>.<pair>` as one flat dict."""
+    return {
+        k: v for key in HEADLINE if key in metrics for k, v in flattened(key, metrics[key]).items()
     }
 
 

@@ -101,9 +101,9 @@ def publish_metrics(stage: str) -> None:
 def evaluation_markdown(metrics: dict[str, Any]) -> str:
     """The evaluation's policy and win-rate tables, as in reports/eval.md."""
     lines = ["# RLHF evaluation", "", *policies_table(metrics)]
-    if metrics.get("win_rate"):
-        lines += ["Gold-judged win rates, ties half, 95% bootstrap over prompts:", ""]
-        lines += win_rates_table(metrics)
+    for judge in metrics.get("win_rate", {}):
+        lines += [f"Win rates judged by {judge}, ties half, 95% bootstrap over prompts:", ""]
+        lines += win_rates_table(metrics, judge)
     return "\n".join(lines)
 
 

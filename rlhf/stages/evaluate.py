@@ -20,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlhf.algorithms.scorers import RewardModelScorer
+from rlhf.algorithms.scorers import RewardModelScorer, Scorer, make_scorer
 from rlhf.atomic import write_csv, write_json
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.eval import report
 from rlhf.eval.gold import has_judge
+from rlhf.eval.judges import GOLD, REWARD_MODEL, applicable
 from rlhf.eval.policies import ScoredAnswers, score_policy
 from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
 from rlhf.models import checkpoint
@@ -34,6 +35,7 @@ from rlhf.stages import paths
 from rlhf.stages.common import console, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
+from rlhf.stages.folders import judge_folder, require_tracked
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
@@ -98,12 +100,29 @@ def evaluate_all(
     return answers, curves
 
 
+def other_judges(stage: StageRun, judges: list[str]) -> dict[str, Scorer]:
+    """The judges besides the gold judge and the trained reward model: `hf:DIR` reward
+    models (folders dvc.yaml must track) and `rule:NAME` functions."""
+    found = {}
+    for judge in judges:
+        if judge in (GOLD, REWARD_MODEL):
+            continue
+        folder = judge_folder(judge)
+        if folder is not None:
+            require_tracked(SPEC.name, folder, "evaluate.judges")
+        found[judge] = make_scorer(
+            judge, stage.tokenizer, stage.device, paths.RM_MODEL, frozen_bf16=stage.frozen_bf16
+        )
+    return found
+
+
 def run() -> dict[str, float]:
     stage = StageRun.start(SPEC)
     p, cfg = stage.params, stage.params.evaluate
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
     synthetic = has_judge(heldout)
+    judges = applicable(cfg.judges, synthetic)
     # the policy under evaluation, SFT as the KL reference and the reward model, at once
     stage.preflight(paths.SFT_MODEL, stage.workload(trained=0, frozen=3, sampled=cfg.batch_size))
     sft = stage.load_frozen(paths.SFT_MODEL)
@@ -111,13 +130,11 @@ def run() -> dict[str, float]:
     evaluate = functools.partial(
         score_policy, tokenizer=stage.tokenizer, prompts=prompts, tasks=tasks, reference=sft,
         scorer=scorer, judge=gold_score if synthetic else None, seed=p.seed,
-        batch_size=cfg.batch_size,
+        batch_size=cfg.batch_size, other_judges=other_judges(stage, judges),
     )  # fmt: skip
     answers, curves = evaluate_all(stage, evaluate, ["sft", *p.rl_algorithms, "dpo"])
-    rates = greedy_rates = {}
-    if synthetic:
-        rates = win_rates(answers["sampled"], cfg.bootstrap_resamples, p.seed)
-        greedy_rates = win_rates(answers["greedy"], cfg.bootstrap_resamples, p.seed)
+    rates = win_rates(answers["sampled"], judges, cfg.bootstrap_resamples, p.seed)
+    greedy_rates = win_rates(answers["greedy"], judges, cfg.bootstrap_resamples, p.seed)
     metrics = {
         "prompts": len(prompts),
         "samples_per_prompt": cfg.samples,

@@ -1,7 +1,8 @@
 """Folders outside the pipeline's own outputs that params name: inputs DVC must track too.
 
-The pretrained model `model.init` names (read by the tokenizer and SFT stages) and an external
-reward model `rl.reward: hf:DIR` names (read by the RL stages). dvc.yaml's deps are fixed when
+The pretrained model `model.init` names (read by the tokenizer and SFT stages), an external
+reward model `rl.reward: hf:DIR` names (read by the RL stages) and the reward models among
+`evaluate.judges` (read by the evaluation). dvc.yaml's deps are fixed when
 `rlhf dvc-yaml` writes it, so such a folder joins the deps of the stages that read it then. A
 stage started on a folder dvc.yaml does not list refuses to run: otherwise new weights in the
 folder would leave every result "up to date".
@@ -30,10 +31,16 @@ def reward_folder(params: Params) -> Path | None:
     return Path(reward.removeprefix(HF_REWARD)) if reward.startswith(HF_REWARD) else None
 
 
+def judge_folder(judge: str) -> Path | None:
+    """The folder of an `evaluate.judges` entry `hf:DIR`, if it names one."""
+    return Path(judge.removeprefix(HF_REWARD)) if judge.startswith(HF_REWARD) else None
+
+
 def tracked_folders(params: Params) -> dict[str, tuple[Path, ...]]:
     """By dvc.yaml stage name, the folders of this kind that stage reads."""
     init, reward = init_folder(params), reward_folder(params)
-    reads = {"tokenizer": (init,), "sft": (init,), "rl": (reward,)}
+    judges = tuple(judge_folder(j) for j in params.evaluate.judges)
+    reads = {"tokenizer": (init,), "sft": (init,), "rl": (reward,), "evaluate": judges}
     return {stage: tuple(f for f in folders if f) for stage, folders in reads.items()}
 
 

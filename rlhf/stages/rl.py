@@ -8,10 +8,11 @@ over-optimization curve), `metrics/NAME.json`, `metrics/NAME_steps.csv`.
 Resume state (policy, critic, optimizers, KL coefficient, step, RNGs, history) is saved every
 `rl.save_every` iterations; a killed run started again continues from there and, on CPU,
 ends with the same numbers as an uninterrupted one. At the end the policy and SFT sample
-held-out prompts with the same seed and the gold judge scores both: the gold score, the win
-rate over SFT and the KL to SFT tell whether RL improved the policy or only the proxy. On
-prompts from outside the task suite (your own data) there is no gold judge: the gold keys are
-None and the KL to SFT is still measured.
+held-out prompts with the same seed and judges score both: the gold score and the gold-judged
+win rate over SFT beside the win rate by the reward source the policy optimized, and the KL to
+SFT, tell whether RL improved the policy or only the proxy. On prompts from outside the task
+suite (your own data) there is no gold judge: the gold keys are None, and the reward source's
+win rate and the KL to SFT are still measured.
 """
 
 from __future__ import annotations
@@ -219,13 +220,15 @@ def run(algorithm: str) -> dict[str, Any]:
     history, samples = train(stage, trainer)
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     metrics = summary(history, trainer) | versus_reference(
-        trainer.policy, trainer.reference, stage.tokenizer, heldout, samples=shared.eval_samples,
+        trainer.policy, trainer.reference, stage.tokenizer, heldout,
+        reward=(shared.reward, trainer.scorer), samples=shared.eval_samples,
         max_new_tokens=shared.max_new_tokens, seed=p.seed, batch_size=shared.eval_batch_size,
     )  # fmt: skip
     publish(stage, trainer, history, samples, metrics)
+    rates = ", ".join(f"{judge} {rate}" for judge, rate in metrics["win_rate_vs_sft"].items())
     stage.log(
         f"gold sampled {metrics['gold_sampled']} (SFT {metrics['gold_sampled_sft']}), win rate "
-        f"vs SFT {metrics['win_rate_vs_sft']}, KL to SFT {metrics['kl_to_sft']}, score "
+        f"vs SFT by {rates}, KL to SFT {metrics['kl_to_sft']}, score "
         f"{metrics['score']}, {metrics['rollout_tokens_per_s']} rollout tokens/s"
     )
     return metrics
