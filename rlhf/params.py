@@ -205,8 +205,8 @@ class CollectParams:
         3,
         "Answers sampled for other prompts of the same task added to each training prompt's "
         "ranking. Without them the RM can score how an answer looks and ignore what was asked "
-        "(`Hello, Irene!` to `Greet Xavier.`), which PPO would exploit. Needs the gold judge "
-        "(`source: policy`); held-out comparisons never get them.",
+        "(`Hello, Irene!` to `Greet Xavier.`), which PPO would exploit. `source: policy` only; "
+        "held-out comparisons never get them.",
         ge=0,
     )
     temperature: float = spec(1.0, "Sampling temperature.", gt=0.0)
@@ -221,6 +221,14 @@ class CollectParams:
         lt=0.5,
     )
     val_fraction: float = spec(0.1, "Share of prompts whose comparisons are held out.", gt=0, lt=1)
+    labeler: str = spec(
+        "gold",
+        "Who ranks the sampled answers (`source: policy`): `gold`, simulated people (the task "
+        "suite's gold judge plus `label_noise`; suite prompts only); `rm:PATH`, a reward-model "
+        "checkpoint of an earlier run, and `hf:DIR`, a reward model folder trained elsewhere "
+        "(AI feedback: its scores ranked as they are, equal scores tied; any prompts). The "
+        "checkpoint or folder is a DVC dep of the collect stage.",
+    )
 
 
 @dataclass(frozen=True)
@@ -534,6 +542,11 @@ class Params:
             raise ParamsError(
                 f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"
             )
+        labeler = self.collect.labeler
+        if labeler != "gold" and not any(
+            labeler.startswith(p) and labeler.removeprefix(p).strip() for p in ("rm:", "hf:")
+        ):
+            raise ParamsError(f"collect.labeler = {labeler!r} is not 'gold', 'rm:PATH' or 'hf:DIR'")
         unknown_judges = invalid_judges(self.evaluate.judges)
         if unknown_judges or not self.evaluate.judges:
             raise ParamsError(

@@ -1,13 +1,18 @@
 import json
 import shutil
+from itertools import combinations
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
+from rlhf.algorithms.scorers import RewardModelScorer
 from rlhf.cli import app
-from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
-from rlhf.synthetic.collection import with_mismatched
+from rlhf.data.schemas import COMPARISON_SCHEMA, PROMPT_SCHEMA, read_rows, write_rows
+from rlhf.data.tokenizer import load_tokenizer
+from rlhf.params import ParamsError, parse_params
+from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
 
 from conftest import make_project, run_module, write_params
 
@@ -38,7 +43,7 @@ def test_collect_writes_ranked_samples_with_gold_scores(trained_project):
 
 def test_mismatched_answers_come_from_sibling_prompts_and_are_judged():
     rows = [
-        {"prompt": p, "task": t, "source": "s", "responses": [a], "gold_scores": [1.0]}
+        {"prompt": p, "task": t, "source": "s", "responses": [a], "scores": [1.0]}
         for p, t, a in [
             ("Greet Alice.", "greet", "Hello, Alice!"),
             ("Greet Bob.", "greet", "Hello, Bob!"),
@@ -53,7 +58,9 @@ def test_mismatched_answers_come_from_sibling_prompts_and_are_judged():
         ["1 + 1 = 2."] * 2,
         ["2 + 3 = 5."] * 2,
     ]
-    assert out[0]["gold_scores"] == [1.0, 0.4, 0.4] and out[0]["source"] == "s+mismatched"
+    scored(out, gold_scores)  # the labeler scores the new answers only
+    assert out[0]["scores"] == [1.0, 0.4, 0.4] and out[0]["source"] == "s+mismatched"
+    assert rows[0]["scores"] == [1.0]  # the rows themselves are left as they were
     assert with_mismatched(rows, 0, seed=0) == rows
 
 
@@ -113,3 +120,42 @@ def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_pat
     run_module("rlhf.stages.rm", project)
     metrics = json.loads((project / "metrics" / "rm.json").read_text())
     assert metrics["acc_gold"] is None and metrics["acc_noisy"] is not None
+
+
+def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, tmp_path):
+    """`collect.labeler: rm:PATH`, AI feedback: an earlier run's reward model ranks the K
+    sampled answers to prompts the task suite cannot parse (the gold judge would refuse them)
+    by its scores as they are, and the reward model trains on those rankings."""
+    project = make_project(tmp_path / "p", {"collect.labeler": "rm:labeler.pt"})
+    for part in ("artifacts", "data"):
+        shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    shutil.copy(trained_project / "artifacts" / "rm" / "model.pt", project / "labeler.pt")
+    prompts = project / "data" / "prepared" / "prompts_train.parquet"
+    own = [
+        {**r, "prompt": f"Please answer: {r['prompt']}", "task": "user", "source": "files"}
+        for r in read_rows(prompts, PROMPT_SCHEMA)
+    ]
+    write_rows(prompts, own, PROMPT_SCHEMA)
+    run_module("rlhf.stages.dvcfile", project)
+    dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
+    assert "labeler.pt" in dvc_yaml["stages"]["collect"]["deps"]
+    run_module("rlhf.stages.collect", project)
+    metrics = json.loads((project / "metrics" / "collect.json").read_text())
+    assert "gold_mean_of_samples" not in metrics and 0 <= metrics["labeler_tie_share"] < 1
+    rows = read_rows(
+        project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
+    )
+    assert rows[0]["prompt"].startswith("Please answer: ") and rows[0]["gold_scores"] == []
+    assert all(len(r["responses"]) == 5 for r in rows)  # K = 3, a mismatched and an explored
+    tokenizer = load_tokenizer(project / "artifacts" / "tokenizer")
+    labeler = RewardModelScorer.load(project / "labeler.pt", tokenizer, torch.device("cpu"))
+    for row in rows[:20]:
+        scores = labeler([row["prompt"]] * 5, row["responses"]).tolist()
+        for i, j in combinations(range(5), 2):
+            if abs(scores[i] - scores[j]) > 1e-4:  # the better-scored answer ranks first
+                assert (scores[i] > scores[j]) == (row["ranks"][i] < row["ranks"][j])
+    run_module("rlhf.stages.rm", project)
+    rm = json.loads((project / "metrics" / "rm.json").read_text())
+    assert rm["acc_gold"] is None and rm["acc_noisy"] > 0.5  # it learns its teacher's order
+    with pytest.raises(ParamsError, match=r"collect.labeler = 'human:x' is not 'gold', 'rm:PATH'"):
+        parse_params({"collect": {"labeler": "human:x"}})

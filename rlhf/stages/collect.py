@@ -1,8 +1,9 @@
 """collect: comparison data for the reward model, as InstructGPT gathered it.
 
 With `collect.source: policy`, K answers per training prompt are sampled from the SFT policy
-and ranked by simulated labelers (`rlhf.synthetic.collection`); with `files`, comparisons
-imported by `rlhf import` take their place. Either way the comparisons are split by prompt
+and ranked by `collect.labeler` (`rlhf.synthetic.collection`): simulated labelers on the task
+suite, or a reward model (AI feedback) on any prompts; with `files`, comparisons imported by
+`rlhf import` take their place. Either way the comparisons are split by prompt
 into train and held-out sets, so the reward model is scored on prompts it never saw.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlhf.algorithms.scorers import RewardModelScorer, external_scorer
 from rlhf.atomic import write_json
 from rlhf.data.schemas import (
     COMPARISON_SCHEMA,
@@ -26,9 +28,15 @@ from rlhf.stages import paths
 from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
+from rlhf.stages.folders import HF_REWARD, labeler_path, require_tracked
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import StageSpec
-from rlhf.synthetic.collection import comparisons_from_samples, sample_rows
+from rlhf.synthetic.collection import (
+    BatchScore,
+    comparisons_from_samples,
+    gold_scores,
+    sample_rows,
+)
 
 SPEC = StageSpec(
     "collect",
@@ -40,8 +48,22 @@ SPEC = StageSpec(
 )
 
 
+def labeler_score(stage: StageRun) -> BatchScore:
+    """`collect.labeler` as a batched score: the gold judge, or a reward model's score."""
+    path = labeler_path(stage.params)
+    if path is None:
+        return gold_scores
+    require_tracked(SPEC.name, path, "collect.labeler")
+    if stage.params.collect.labeler.startswith(HF_REWARD):
+        scorer = external_scorer(path, stage.device, stage.frozen_bf16)
+    else:
+        scorer = RewardModelScorer.load(path, stage.tokenizer, stage.device)
+    return lambda prompts, answers: scorer(prompts, answers).tolist()
+
+
 def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     c = stage.params.collect
+    score = labeler_score(stage)
     prompts = read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)
     demos: dict[str, str] = {}
     if c.include_demo:
@@ -53,17 +75,18 @@ def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     with progress() as bar:
         task = bar.add_task("collect", total=len(prompts) * (c.k + c.explore), extra=f"K={c.k}")
         rows, generated = sample_rows(
-            policy, stage.tokenizer, prompts, demos, c, stage.params.seed,
+            policy, stage.tokenizer, prompts, demos, c, stage.params.seed, score,
             on_batch=lambda done: bar.update(task, advance=done),
         )  # fmt: skip
     seconds = time.perf_counter() - started
-    all_gold = [g for r in rows for g in r["gold_scores"]]
-    train, val, labeling = comparisons_from_samples(rows, c, stage.params.seed)
+    all_scores = [s for r in rows for s in r["scores"]]
+    mean_key = "gold_mean_of_samples" if score is gold_scores else "labeler_mean_of_samples"
+    train, val, labeling = comparisons_from_samples(rows, c, stage.params.seed, score)
     return (
         train,
         val,
         {
-            "gold_mean_of_samples": round(sum(all_gold) / len(all_gold), 4),
+            mean_key: round(sum(all_scores) / len(all_scores), 4),
             "sampling_seconds": round(seconds, 2),
             "sampling_tokens_per_s": round(generated / seconds),
             **labeling,

@@ -1,19 +1,23 @@
-"""Comparison data as InstructGPT gathered it, with the gold judge plus noise as labelers.
+"""Comparison data as InstructGPT gathered it: K sampled answers per prompt, ranked.
 
-For each training prompt, K responses are sampled from the SFT policy and ranked by simulated
-labelers (`labelers.py`). Training prompts also get answers sampled for sibling prompts of the
-same task and answers sampled at a high temperature: the near-misses and the degenerate
-answers a policy under optimization finds, which a reward model must have seen to score low.
+For each training prompt, K responses are sampled from the SFT policy and ranked by a labeler:
+simulated people (the gold judge plus noise, `labelers.py`) on the task suite, or a reward
+model (AI feedback) on any prompts, its scores ranked as they are, equal scores tied. Training
+prompts also get answers sampled for sibling prompts of the same task and answers sampled at a
+high temperature: the near-misses and the degenerate answers a policy under optimization
+finds, which a reward model must have seen to score low.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from itertools import combinations
 from typing import Any
 
 import torch
 
+from rlhf.data.importers import ranks_of
 from rlhf.data.splits import split_comparisons
 from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
@@ -26,6 +30,15 @@ from rlhf.synthetic.tasks import gold_score
 Rows = list[dict[str, Any]]
 
 
+# the labeler's score of each (prompt, answer), in one batched call
+BatchScore = Callable[[Sequence[str], Sequence[str]], list[float]]
+
+
+def gold_scores(prompts: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """The gold judge as a `BatchScore`."""
+    return [gold_score(p, a) for p, a in zip(prompts, answers, strict=True)]
+
+
 def sample_rows(
     policy: Backbone,
     tokenizer: Tokenizer,
@@ -33,10 +46,11 @@ def sample_rows(
     demos: dict[str, str],
     c: CollectParams,
     seed: int,
+    score: BatchScore = gold_scores,
     on_batch: Callable[[int], None] | None = None,
 ) -> tuple[Rows, int]:
-    """Rows of K gold-scored samples per prompt (plus the prompt's demonstration where
-    `demos` has one), and the tokens generated.
+    """Rows of K samples per prompt (plus the prompt's demonstration where `demos` has one),
+    each scored by the labeler's `score` (`scores`), and the tokens generated.
 
     Each row also carries `explore`: `c.explore` answers sampled at `c.explore_temperature`,
     which `comparisons_from_samples` adds to training rows only.
@@ -66,28 +80,38 @@ def sample_rows(
                 "responses": responses,
                 "task": prompt_row["task"],
                 "source": "sft-samples" + ("+demo" if prompt in demos else ""),
-                "gold_scores": [gold_score(prompt, r) for r in responses],
                 "explore": explored[index * c.explore :][: c.explore],
             }
         )
+    scored(rows, score)
     generated = sum(len(tokenizer.encode(s)) + 1 for s in samples + explored)
     return rows, generated
 
 
+def scored(rows: Rows, score: BatchScore) -> None:
+    """Give every response of `rows` not yet scored its score, in one batched call."""
+    pending = [
+        (row, answer) for row in rows for answer in row["responses"][len(row.get("scores", [])) :]
+    ]
+    values = iter(score([row["prompt"] for row, _ in pending], [a for _, a in pending]))
+    for row, _ in pending:
+        row.setdefault("scores", []).append(next(values))
+
+
 def with_answers(row: dict[str, Any], answers: list[str], source: str) -> dict[str, Any]:
-    """The row with extra candidate answers, each scored by the judge."""
+    """The row with extra candidate answers, to be scored by the labeler."""
     if not answers:
         return row
     return {
         **row,
         "responses": row["responses"] + answers,
-        "gold_scores": row["gold_scores"] + [gold_score(row["prompt"], x) for x in answers],
+        "scores": list(row["scores"]),
         "source": f"{row['source']}+{source}",
     }
 
 
 def with_mismatched(rows: Rows, n: int, seed: int) -> Rows:
-    """Each row plus `n` answers sampled for other prompts of its task, scored by the judge.
+    """Each row plus `n` answers sampled for other prompts of its task.
 
     Answers to a sibling prompt look exactly like good answers and differ only in fitting the
     prompt, so ranking them teaches the reward model to read the prompt. A sibling's answer that
@@ -111,12 +135,15 @@ def with_mismatched(rows: Rows, n: int, seed: int) -> Rows:
 
 
 def label(rows: Rows, sampled: list[int], c: CollectParams, seed: int) -> dict[str, float]:
-    """Rank every row with one labeler noise level, calibrated on the sampled answers alone
-    (`sampled[i]`: how many of row i's responses were sampled for its own prompt).
+    """Rank every row by its gold scores with one labeler noise level, calibrated on the
+    sampled answers alone (`sampled[i]`: how many of row i's responses were sampled for its
+    own prompt).
 
     Noise is a property of the labelers: mismatched answers are easy calls and would otherwise
     inflate the noise needed to reach `label_noise` over all pairs.
     """
+    for row in rows:
+        row["gold_scores"] = row.pop("scores")
     own = [r["gold_scores"][:n] for r, n in zip(rows, sampled, strict=True)]
     scale = noise_scale(own, c.label_noise, seed)
     labels = rank_with_noise([r["gold_scores"] for r in rows], scale, seed)
@@ -131,15 +158,32 @@ def label(rows: Rows, sampled: list[int], c: CollectParams, seed: int) -> dict[s
     }
 
 
+def label_by_score(rows: Rows) -> dict[str, float]:
+    """Rank every row by its scores as they are (a reward model's: AI feedback), equal scores
+    tied; no gold scores."""
+    tied = total = 0
+    for row in rows:
+        scores = row.pop("scores")
+        row["ranks"], row["gold_scores"] = ranks_of(scores), []
+        pairs = list(combinations(scores, 2))
+        tied, total = tied + sum(a == b for a, b in pairs), total + len(pairs)
+    return {"labeler_tie_share": round(tied / max(total, 1), 4)}
+
+
 def comparisons_from_samples(
-    rows: Rows, c: CollectParams, seed: int
+    rows: Rows, c: CollectParams, seed: int, score: BatchScore = gold_scores
 ) -> tuple[Rows, Rows, dict[str, float]]:
     """Split sampled rows by prompt, add mismatched and explored answers to the training side,
-    and rank both sides: (train, held-out, labeling statistics)."""
+    score those with the labeler's `score`, and rank both sides: by the gold scores plus
+    labeler noise when `score` is the gold judge, else by the scores as they are. Returns
+    (train, held-out, labeling statistics)."""
     train, val = split_comparisons(rows, c.val_fraction, seed)
     sampled = [len(r["responses"]) for r in train + val]
     train = with_mismatched(train, c.mismatched, seed)
     train = [with_answers(r, r["explore"], "explore") for r in train]
     for row in train + val:
         del row["explore"]
-    return train, val, label(train + val, sampled, c, seed)
+    scored(train, score)
+    if score is gold_scores:
+        return train, val, label(train + val, sampled, c, seed)
+    return train, val, label_by_score(train + val)
