@@ -101,7 +101,7 @@ def sh(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def hh_transcripts(path: Path) -> Path:
     """HH-RLHF rows, transcripts sharing every turn but the final answer: a demonstration
     chosen over the next row's answer."""
-    rows = synthetic_sets(DataParams(n_train=160), seed=4)["train"]
+    rows = synthetic_sets(DataParams(n_train=100), seed=4)["train"]
     records = [
         {
             "chosen": f"\n\nHuman: {row['prompt']}\n\nAssistant: {row['response']}",
@@ -122,7 +122,7 @@ def project(folders, tmp_path_factory) -> Path:
         "rl.reward": f"hf:{folders['reward']}",
         "rl_algorithms": ["ppo"],
         "data.source": "files",
-        "data.heldout_fraction": 0.08,
+        "data.heldout_fraction": 0.1,
         "collect.source": "files",
         "sft.epochs": 2,
         "ppo.steps": 2,
