@@ -104,7 +104,12 @@ class ScoredAnswers:
     kl: list[float]  # to the reference policy
     length: list[int]
     ended: list[bool]
-    judged: dict[str, list[float]] = field(default_factory=dict)  # judge -> score per answer
+    other_judges: dict[str, list[float]] = field(default_factory=dict)  # hf:DIR, rule:NAME
+
+    def judged_by(self, judge: str) -> list[float]:
+        """Each answer's score by `judge`: gold, the reward model (`rm`) or another judge."""
+        scores = {GOLD: self.gold, REWARD_MODEL: self.reward}.get(judge)
+        return self.other_judges[judge] if scores is None else scores
 
     def _mean(self, measure: str, rows: Sequence[int]) -> float | None:
         values = getattr(self, MEASURES[measure])
@@ -152,21 +157,19 @@ def score_policy(
     )  # fmt: skip
     responses = samples.responses
     pairs = zip(samples.prompts, responses, strict=True)
-    gold = None if judge is None else [judge(p, r) for p, r in pairs]
-    reward = scorer(samples.prompts, responses).tolist()
-    judged = ({} if gold is None else {GOLD: gold}) | {REWARD_MODEL: reward}
-    for name, other in (other_judges or {}).items():
-        judged[name] = other(samples.prompts, responses).tolist()
     return ScoredAnswers(
         prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
         tasks=[t for t in tasks for _ in range(n)],
         responses=responses,
-        gold=gold,
-        reward=reward,
+        gold=None if judge is None else [judge(p, r) for p, r in pairs],
+        reward=scorer(samples.prompts, responses).tolist(),
         kl=samples.kl_to_reference or [0.0] * len(responses),
         length=samples.lengths,
         ended=samples.ended,
-        judged=judged,
+        other_judges={
+            name: other(samples.prompts, responses).tolist()
+            for name, other in (other_judges or {}).items()
+        },
     )
 
 

@@ -41,7 +41,7 @@ def win_rates(
             for name in names[i + 1 :]:
                 a, b = answers[name], answers[baseline]
                 rates[judge][f"{name}_vs_{baseline}"] = compare(
-                    a.judged[judge], b.judged[judge], a.prompt_index, resamples=resamples,
+                    a.judged_by(judge), b.judged_by(judge), a.prompt_index, resamples=resamples,
                     seed=seed,
                 )  # fmt: skip
     return rates
