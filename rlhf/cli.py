@@ -7,6 +7,7 @@ Every command reports a failure the user can fix as one `error:` line and exit s
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 import os
 import subprocess
@@ -15,26 +16,18 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
-from rlhf.algorithms.reward_model import score as score_responses
 from rlhf.data.importers import IMPORTERS, best_answers, import_sft, read_lines
-from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
-from rlhf.data.tokenizer import load_tokenizer
+from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, DataError, write_rows
 from rlhf.errors import CheckpointError, OutputError
-from rlhf.models import checkpoint
-from rlhf.models.hf import save_folder
 from rlhf.params import RL_ALGORITHMS, describe
-from rlhf.sampling.generate import generate_texts
-from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
 from rlhf.stages.entry import DEBUG_ENV, report_errors
-from rlhf.train.device import resolve_device
 
 
 class ImportKind(str, Enum):
@@ -251,6 +244,14 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
 ) -> None:
     """Answer prompts with a checkpoint: batched, with the KV cache."""
+    import torch
+
+    from rlhf.data.tokenizer import load_tokenizer
+    from rlhf.models import checkpoint
+    from rlhf.sampling.generate import generate_texts
+    from rlhf.sampling.sampler import SamplingConfig
+    from rlhf.train.device import resolve_device
+
     prompts = list(prompt or [])
     if file is not None:
         prompts += [line for line in read_lines(file) if line.strip()]
@@ -362,6 +363,32 @@ def import_target(out: Path | None, default: Path, force: bool) -> Path:
 
 
 @command()
+def label(
+    labeler: Annotated[
+        str,
+        typer.Option(help="Your name: your labels go to LABELS/NAME.parquet. Default: your login."),
+    ] = "",
+    queue: Annotated[
+        Path, typer.Option(help="The queue `dvc repro` wrote (collect.labeler: human).")
+    ] = paths.LABEL_QUEUE,
+    labels: Annotated[
+        Path, typer.Option(help="The labels folder, a DVC dep of the collect stage.")
+    ] = paths.LABELS,
+) -> None:
+    """Rank sampled answers in the terminal, best first with ties (`B A=C D`); every label is
+    saved at once, and the next session resumes at your first unlabeled item."""
+    from rlhf.labeling.queue import read_queue
+    from rlhf.labeling.terminal import label_queue
+
+    if not queue.is_file():
+        raise DataError(
+            f"{queue}: no labeling queue; set collect.labeler: human in params.yaml, run "
+            "`rlhf dvc-yaml` and `dvc repro`, which writes it"
+        )
+    label_queue(read_queue(queue), labels, labeler or getpass.getuser(), Console(highlight=False))
+
+
+@command()
 def score(
     checkpoint_path: Annotated[Path, typer.Argument(help="Reward checkpoint (.pt).")] = (
         paths.RM_MODEL
@@ -378,6 +405,11 @@ def score(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
 ) -> None:
     """Score prompt/response pairs with a reward model (0 = the average SFT demonstration)."""
+    from rlhf.algorithms.reward_model import score as score_responses
+    from rlhf.data.tokenizer import load_tokenizer
+    from rlhf.models import checkpoint
+    from rlhf.train.device import resolve_device
+
     prompts, responses = list(prompt or []), list(response or [])
     if len(prompts) != len(responses):
         raise typer.BadParameter(f"{len(prompts)} --prompt but {len(responses)} --response")
@@ -431,6 +463,12 @@ def export(
 ) -> None:
     """Write a trained policy (as a causal LM) or reward model (as a sequence classifier) as
     a model folder other tools load."""
+    import torch
+
+    from rlhf.data.tokenizer import load_tokenizer
+    from rlhf.models import checkpoint
+    from rlhf.models.hf import save_folder
+
     source = Path(model) if model.endswith(".pt") else paths.model_file(model)
     if out.exists():
         raise OutputError(f"{out} exists; export writes a new folder")

@@ -23,6 +23,7 @@ import yaml
 
 from rlhf.errors import PipelineError
 from rlhf.eval.judges import invalid as invalid_judges
+from rlhf.prefixed import CHECKPOINT, HF, RULE, argument
 
 # The largest seed: what every random-number generator the pipeline seeds accepts, with room
 # for the offsets derived from it (seed * 100_003 + epoch must stay a 64-bit integer).
@@ -226,8 +227,17 @@ class CollectParams:
         "Who ranks the sampled answers (`source: policy`): `gold`, simulated people (the task "
         "suite's gold judge plus `label_noise`; suite prompts only); `rm:PATH`, a reward-model "
         "checkpoint of an earlier run, and `hf:DIR`, a reward model folder trained elsewhere "
-        "(AI feedback: its scores ranked as they are, equal scores tied; any prompts). The "
-        "checkpoint or folder is a DVC dep of the collect stage.",
+        "(AI feedback: its scores ranked as they are, equal scores tied; any prompts); "
+        "`human`, people ranking in the terminal: collect writes labeling/queue.parquet and "
+        "stops until `rlhf label` has ranked every item `labels_per_item` times, their labels "
+        "in labeling/labels/. The checkpoint, folder or labels folder is a DVC dep of collect.",
+    )
+    labels_per_item: int = spec(
+        1,
+        "`labeler: human`: labelers who must rank each item before collect goes on. Two or "
+        "more give the inter-labeler agreement InstructGPT reported (72-77%); every label "
+        "becomes its own comparison.",
+        ge=1,
     )
 
 
@@ -535,18 +545,16 @@ class Params:
                 f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"
             )
         reward = self.rl.reward
-        is_rule = reward.startswith("rule:") and reward.removeprefix("rule:").strip()
-        external = reward.startswith("hf:") and reward.removeprefix("hf:").strip()
-        if reward not in ("rm", "ensemble") and not is_rule and not external:
+        if reward not in ("rm", "ensemble") and argument(reward, (RULE, HF)) is None:
             # the rule's name is checked against the registry when an RL stage builds it
             raise ParamsError(
                 f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"
             )
         labeler = self.collect.labeler
-        if labeler != "gold" and not any(
-            labeler.startswith(p) and labeler.removeprefix(p).strip() for p in ("rm:", "hf:")
-        ):
-            raise ParamsError(f"collect.labeler = {labeler!r} is not 'gold', 'rm:PATH' or 'hf:DIR'")
+        if labeler not in ("gold", "human") and argument(labeler, (CHECKPOINT, HF)) is None:
+            raise ParamsError(
+                f"collect.labeler = {labeler!r} is not 'gold', 'human', 'rm:PATH' or 'hf:DIR'"
+            )
         unknown_judges = invalid_judges(self.evaluate.judges)
         if unknown_judges or not self.evaluate.judges:
             raise ParamsError(

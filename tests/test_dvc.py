@@ -141,15 +141,10 @@ def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project):
     assert "gold_sampled.grpo" not in changed  # nor was GRPO
 
 
-def test_changing_rm_lr_reruns_rm_and_every_rl_stage_but_not_sft_or_collect(dvc_project):
-    write_params(dvc_project, {"rm.lr": 0.003})
-    assert repro(dvc_project) == {"rm", "rl@ppo", "rl@grpo", "evaluate"}
-
-
 def dry_repro(project, overrides: dict) -> set[str]:
     """The stages `dvc repro` would run with these params, forcing what follows a stage that
     runs (as it reruns once that stage's outputs change); params.yaml is left as it was. The
-    rm.lr and rloo tests rerun downstream stages for real."""
+    rloo test reruns stages for real."""
     before = (project / "params.yaml").read_text()
     write_params(project, overrides)
     try:
@@ -159,16 +154,23 @@ def dry_repro(project, overrides: dict) -> set[str]:
     return set(re.findall(r"Running stage '([\w@-]+)'", out))
 
 
+def test_changing_rm_lr_reruns_rm_and_every_rl_stage_but_not_sft_or_collect(dvc_project):
+    assert dry_repro(dvc_project, {"rm.lr": 0.003}) == {"rm", "rl@ppo", "rl@grpo", "evaluate"}
+
+
 def test_changing_what_rl_algorithms_share_reruns_them_all(dvc_project):
-    changed = {"rm.lr": 0.003, "rl.length_penalty": 0.01}
+    changed = {"rl.length_penalty": 0.01}
     assert dry_repro(dvc_project, changed) == {"rl@ppo", "rl@grpo", "evaluate"}
 
 
-ADDED_RLOO = {"rl_algorithms": ["ppo", "grpo", "rloo"], "rloo": {"steps": 4, "group_size": 2}}
+ADDED_RLOO = {
+    "rl_algorithms": ["ppo", "grpo", "rloo"],
+    "rloo": {"steps": 4, "batch_size": 4, "group_size": 2, "minibatch_size": 4},
+}
 
 
 def test_adding_an_algorithm_runs_its_stage_and_the_evaluation_only(dvc_project):
-    write_params(dvc_project, {"rm.lr": 0.003, **ADDED_RLOO})
+    write_params(dvc_project, ADDED_RLOO)
     assert repro(dvc_project) == {"rl@rloo", "evaluate"}
     metrics = json.loads((dvc_project / "metrics" / "eval.json").read_text())
     assert {"rloo_vs_sft", "dpo_vs_rloo"} <= set(metrics["win_rate"]["gold"])
@@ -178,7 +180,7 @@ def test_changing_evaluate_params_reruns_evaluate_only(dvc_project):
     """`dvc status` rather than a rerun: evaluate has nothing downstream, so the stages it
     lists are the ones `dvc repro` would run."""
     before = (dvc_project / "params.yaml").read_text()
-    write_params(dvc_project, {"rm.lr": 0.003, **ADDED_RLOO, "evaluate.samples": 2})
+    write_params(dvc_project, {**ADDED_RLOO, "evaluate.samples": 2})
     try:
         assert stale_stages(dvc_project) == {"evaluate"}
     finally:
@@ -186,12 +188,12 @@ def test_changing_evaluate_params_reruns_evaluate_only(dvc_project):
 
 
 def test_changing_dpo_beta_reruns_dpo_and_evaluate_only(dvc_project):
-    changed = {"rm.lr": 0.003, **ADDED_RLOO, "dpo.beta": 0.2}
+    changed = {**ADDED_RLOO, "dpo.beta": 0.2}
     assert dry_repro(dvc_project, changed) == {"dpo", "evaluate"}
 
 
 def test_changing_sft_lr_reruns_sft_and_downstream(dvc_project):
-    ran = dry_repro(dvc_project, {"rm.lr": 0.003, "sft.lr": 0.02, **ADDED_RLOO})
+    ran = dry_repro(dvc_project, {"sft.lr": 0.02, **ADDED_RLOO})
     assert ran == ALL_STAGES - {"prepare", "tokenizer"} | {"rl@rloo"}
 
 

@@ -2,6 +2,8 @@ import csv
 import json
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from rlhf.cli import app
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows, write_rows
 from rlhf.eval import plots
 
-from conftest import make_project, run_module
+from conftest import clean_env, make_project, run_module, write_params
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -169,6 +171,11 @@ def test_prompts_without_a_gold_judge_are_judged_by_the_others(trained_project, 
     assert (project / "reports" / "figures" / "win_rates_rule_contains_number.png").is_file()
     text = (project / "reports" / "eval.md").read_text()
     assert "no gold judge" in text
+    write_params(project, {"evaluate.judges": ["rm", "rule:gold"]})
+    refused = subprocess.run([sys.executable, "-m", "rlhf.stages.evaluate"], cwd=project,
+                             env=clean_env(), capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "names 'rule:gold', the task suite's judge, but the held-out prompts" in refused.stderr
 
 
 def test_cli_report_prints_where_it_is(trained_project, monkeypatch):
@@ -194,7 +201,8 @@ def test_cli_report_before_evaluate_says_what_to_run(tmp_path, monkeypatch):
 def test_the_evaluation_follows_rl_algorithms(trained_project, tmp_path):
     """Each RL algorithm named in rl_algorithms is evaluated under its name, beside SFT and
     DPO; others are not, even when an old folder of theirs lies in artifacts/."""
-    project = make_project(tmp_path / "p", {"rl_algorithms": ["reinforce"]})
+    reinforce = {"steps": 4, "batch_size": 8, "minibatch_size": 4, "lr": 0.001}
+    project = make_project(tmp_path / "p", {"rl_algorithms": ["reinforce"], "reinforce": reinforce})
     for part in ("data", "metrics", "artifacts"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     run_module("rlhf.stages.rl", project, "reinforce")

@@ -3,7 +3,10 @@ examples/gpt2-hh.params.yaml runs it on a GPU host: `dvc repro` with `model.init
 random Qwen3 folder (its own byte-level BPE tokenizer and ChatML template), on preference data
 imported in Anthropic's HH-RLHF format (its chosen answers the SFT demonstrations), PPO scored
 by an external GPT-2 reward model that reads through its own, different tokenizer, and the
-trained policy exported back to a folder transformers loads."""
+trained policy exported back to a folder transformers loads. Then two more labeling rounds on
+the same prompts, which the task suite cannot judge: answers sampled from the SFT policy and
+ranked by the reward model the first run trained (AI feedback), then by people typing their
+rankings into `rlhf label` through a pseudo-terminal."""
 
 from __future__ import annotations
 
@@ -12,13 +15,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pexpect
 import pytest
 import torch
 import yaml
+from label_terminal import PROMPT, answer, start_labeling
 
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
+from rlhf.labeling.queue import read_queue
+from rlhf.labeling.ranking import format_ranking
 from rlhf.models import checkpoint
 from rlhf.params import DataParams
+from rlhf.stages import paths
 from rlhf.synthetic.datasets import synthetic_sets
 
 from conftest import clean_env, init_dvc_repo, make_project
@@ -229,3 +237,83 @@ def test_export_writes_a_folder_transformers_loads_with_its_tokenizer(project):
         assert (model(input_ids=ids).logits - policy.eval()(ids)).abs().max() <= 1e-4
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["eos_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def next_round(project: Path, directory: Path, collect: dict) -> Path:
+    """A copy of `project` with new collect params and dvc.yaml regenerated for them."""
+    copy = directory / "project"
+    shutil.copytree(project, copy, symlinks=True)
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["collect"] |= {"source": "policy", "k": 2, "explore": 0, "mismatched": 1} | collect
+    params["rl"]["reward"] = "rm"  # PPO on the reward model these comparisons train
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    sh(["python", "-m", "rlhf.cli", "dvc-yaml"], copy)
+    return copy
+
+
+def assert_rm_judged_win_rates_with_intervals(project: Path) -> None:
+    evaluation = json.loads((project / "metrics" / "eval.json").read_text())
+    for pair in ("ppo_vs_sft", "dpo_vs_sft", "dpo_vs_ppo"):
+        interval = evaluation["win_rate_ci95"]["rm"][pair]
+        assert 0 <= interval["low"] <= evaluation["win_rate"]["rm"][pair] <= interval["high"] <= 1
+    assert "up to date" in sh(["dvc", "status"], project).stdout
+
+
+@pytest.fixture(scope="module")
+def labeled_by_rm(project, tmp_path_factory) -> Path:
+    """The answers ranked by the reward model the first run trained, kept as a checkpoint."""
+    directory = tmp_path_factory.mktemp("rm-labeler")
+    (directory / "labelers").mkdir()
+    checkpoint_file = directory / "labelers" / "rm.pt"
+    shutil.copy(project / paths.model_file("rm"), checkpoint_file)
+    relabeled = next_round(project, directory, {"labeler": f"rm:{checkpoint_file}"})
+    sh(["dvc", "repro"], relabeled)
+    return relabeled
+
+
+def test_a_reward_model_labels_answers_sampled_from_the_sft_policy(labeled_by_rm):
+    collect = json.loads((labeled_by_rm / "metrics" / "collect.json").read_text())
+    assert collect["prompts"] == len(read_rows(labeled_by_rm / paths.PROMPTS_TRAIN, PROMPT_SCHEMA))
+    assert "labeler_mean_of_samples" in collect and "gold_mean_of_samples" not in collect
+    assert_rm_judged_win_rates_with_intervals(labeled_by_rm)
+
+
+def ranking_by_length(responses: list[str]) -> str:
+    """How the test's labeler ranks: longer answers first, equal lengths tied."""
+    lengths = sorted({len(r.strip()) for r in responses}, reverse=True)
+    return format_ranking([lengths.index(len(r.strip())) for r in responses])
+
+
+def test_people_rank_the_answers_in_the_terminal_and_dvc_repro_completes(
+    labeled_by_rm, tmp_path_factory
+):
+    project = next_round(labeled_by_rm, tmp_path_factory.mktemp("human"), {"labeler": "human"})
+    stopped = subprocess.run(["dvc", "repro"], cwd=project, env=clean_env(), capture_output=True,
+                             text=True)  # fmt: skip
+    queue = read_queue(project / paths.LABEL_QUEUE)
+    waiting = f"{len(queue)} of {len(queue)} items in {paths.LABEL_QUEUE} wait for labels"
+    assert stopped.returncode != 0 and waiting in stopped.stdout + stopped.stderr
+    alice = start_labeling(project, "alice")
+    alice.expect_exact(PROMPT)
+    for number, item in enumerate(queue[:-1], start=2):
+        answer(alice, ranking_by_length(item["responses"]), f"item {number} of")
+    alice.sendline("q")  # one item short, then back for it
+    alice.expect(pexpect.EOF)
+    alice = start_labeling(project, "alice")
+    alice.expect_exact(f"item {len(queue)} of {len(queue)}")
+    alice.expect_exact(PROMPT)
+    alice.sendline(ranking_by_length(queue[-1]["responses"]))
+    alice.expect_exact(f"all {len(queue)} items are labeled by alice")
+    alice.expect(pexpect.EOF)
+    bob = start_labeling(project, "bob")  # a second opinion on the first four items
+    bob.expect_exact(PROMPT)
+    for number, item in enumerate(queue[:4], start=2):
+        answer(bob, ranking_by_length(item["responses"]), f"item {number} of")
+    bob.sendline("q")
+    bob.expect(pexpect.EOF)
+    sh(["dvc", "repro"], project)
+    collect = json.loads((project / "metrics" / "collect.json").read_text())
+    assert collect["labels"] == len(queue) + 4 and collect["labelers"] == 2
+    assert collect["inter_labeler_agreement"] == 1.0  # both rank by length
+    assert collect["items_labeled_twice"] == 4
+    assert_rm_judged_win_rates_with_intervals(project)

@@ -157,5 +157,5 @@ def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, t
     run_module("rlhf.stages.rm", project)
     rm = json.loads((project / "metrics" / "rm.json").read_text())
     assert rm["acc_gold"] is None and rm["acc_noisy"] > 0.5  # it learns its teacher's order
-    with pytest.raises(ParamsError, match=r"collect.labeler = 'human:x' is not 'gold', 'rm:PATH'"):
+    with pytest.raises(ParamsError, match=r"labeler = 'human:x' is not 'gold', 'human', 'rm:PATH'"):
         parse_params({"collect": {"labeler": "human:x"}})

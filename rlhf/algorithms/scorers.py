@@ -21,6 +21,7 @@ from rlhf.data.tokenizer import Tokenizer, pretrained_tokenizer
 from rlhf.models import checkpoint, hf
 from rlhf.models.backbone import Backbone, freeze
 from rlhf.params import ParamsError
+from rlhf.prefixed import HF, RULE, argument
 
 Scorer = Callable[[Sequence[str], Sequence[str]], Tensor]
 
@@ -131,15 +132,15 @@ def make_scorer(
 ) -> Scorer:
     """The reward source `rl.reward` names: `rm`, `hf:DIR`, `rule:NAME` or `ensemble`;
     `frozen_bf16` loads an external reward model in bfloat16 on CUDA."""
-    if reward.startswith("hf:"):
-        return external_scorer(Path(reward.removeprefix("hf:")), device, frozen_bf16)
+    if (folder := argument(reward, (HF,))) is not None:
+        return external_scorer(Path(folder), device, frozen_bf16)
     if reward == "rm":
         return RewardModelScorer.load(rm_path, tokenizer, device)
     if reward == "ensemble":
         paths = [rm_path, *ensemble]
         return EnsembleScorer([RewardModelScorer.load(p, tokenizer, device) for p in paths], reduce)
-    name = reward.removeprefix("rule:")
-    if not reward.startswith("rule:") or name not in RULES:
+    name = argument(reward, (RULE,))
+    if name not in RULES:
         raise ParamsError(
             f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or one of "
             + ", ".join(f"'rule:{n}'" for n in RULES)

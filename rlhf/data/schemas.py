@@ -42,7 +42,7 @@ PROMPT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), *_META])
 COMPARISON_SCHEMA = RANKED_SCHEMA.append(pa.field("gold_scores", pa.list_(pa.float64())))
 
 _TEXT_FIELDS = {"prompt", "response", "chosen", "rejected"}
-_MAY_BE_EMPTY = {"gold_scores"}
+_MAY_BE_EMPTY = {"gold_scores", "ranking"}  # ranking: a skipped item
 
 
 class DataError(PipelineError, ValueError):

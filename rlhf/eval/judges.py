@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlhf.prefixed import HF, RULE, argument
+
 GOLD = "gold"
 REWARD_MODEL = "rm"
-PREFIXES = ("hf:", "rule:")  # judges named by an argument: hf:DIR, rule:NAME
+GOLD_RULE = f"{RULE}gold"  # the gold judge as a reward function: task-suite prompts only
+PREFIXES = (HF, RULE)  # judges named by an argument: hf:DIR, rule:NAME
 
 DESCRIPTIONS = {
     GOLD: "the task suite's programmatic judge, playing the human labeler",
@@ -25,12 +28,7 @@ DESCRIPTIONS = {
 
 def invalid(judges: Sequence[str]) -> list[str]:
     """The names in `judges` that name no judge."""
-    return [
-        j
-        for j in judges
-        if j not in (GOLD, REWARD_MODEL)
-        and not any(j.startswith(p) and j.removeprefix(p).strip() for p in PREFIXES)
-    ]
+    return [j for j in judges if j not in (GOLD, REWARD_MODEL) and argument(j, PREFIXES) is None]
 
 
 def applicable(judges: Sequence[str], has_gold: bool) -> list[str]:
@@ -39,10 +37,10 @@ def applicable(judges: Sequence[str], has_gold: bool) -> list[str]:
 
 
 def describe(judge: str) -> str:
-    if judge.startswith("hf:"):
-        return f"the reward model in {judge.removeprefix('hf:')}, trained elsewhere"
-    if judge.startswith("rule:"):
-        return f"the reward function {judge.removeprefix('rule:')}"
+    if (folder := argument(judge, (HF,))) is not None:
+        return f"the reward model in {folder}, trained elsewhere"
+    if (rule := argument(judge, (RULE,))) is not None:
+        return f"the reward function {rule}"
     return DESCRIPTIONS[judge]
 
 

@@ -2,14 +2,18 @@
 
 With `collect.source: policy`, K answers per training prompt are sampled from the SFT policy
 and ranked by `collect.labeler` (`rlhf.synthetic.collection`): simulated labelers on the task
-suite, or a reward model (AI feedback) on any prompts; with `files`, comparisons imported by
-`rlhf import` take their place. Either way the comparisons are split by prompt
+suite, a reward model (AI feedback) on any prompts, or people: `human` writes the answers as
+a labeling queue and stops until `rlhf label` has ranked them. With `files`, comparisons
+imported by `rlhf import` take their place. Either way the comparisons are split by prompt
 into train and held-out sets, so the reward model is scored on prompts it never saw.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 from rlhf.algorithms.scorers import RewardModelScorer, external_scorer
@@ -24,18 +28,31 @@ from rlhf.data.schemas import (
     write_rows,
 )
 from rlhf.data.splits import split_comparisons
+from rlhf.errors import PipelineError
+from rlhf.labeling.queue import (
+    all_labels,
+    comparisons_from_labels,
+    labeling_stats,
+    queue_items,
+    read_queue,
+    waiting_items,
+    write_queue,
+)
+from rlhf.prefixed import HF
 from rlhf.stages import paths
-from rlhf.stages.common import progress
+from rlhf.stages.common import file_digest, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
-from rlhf.stages.folders import HF_REWARD, labeler_path, require_tracked
+from rlhf.stages.folders import HUMAN_LABELER, labeler_path, require_tracked
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import StageSpec
 from rlhf.synthetic.collection import (
     BatchScore,
+    candidates,
     comparisons_from_samples,
     gold_scores,
     sample_rows,
+    scored,
 )
 
 SPEC = StageSpec(
@@ -48,22 +65,30 @@ SPEC = StageSpec(
 )
 
 
+# collect params that change who labels, not what is sampled: a queue stays valid across them
+NOT_SAMPLING = ("labeler", "labels_per_item", "label_noise")
+
+
+class LabelsWaiting(PipelineError):
+    """collect.labeler is human and the queue is not labeled yet: the pipeline stops here."""
+
+
 def labeler_score(stage: StageRun) -> BatchScore:
     """`collect.labeler` as a batched score: the gold judge, or a reward model's score."""
     path = labeler_path(stage.params)
     if path is None:
         return gold_scores
     require_tracked(SPEC.name, path, "collect.labeler")
-    if stage.params.collect.labeler.startswith(HF_REWARD):
+    if stage.params.collect.labeler.startswith(HF):
         scorer = external_scorer(path, stage.device, stage.frozen_bf16)
     else:
         scorer = RewardModelScorer.load(path, stage.tokenizer, stage.device)
     return lambda prompts, answers: scorer(prompts, answers).tolist()
 
 
-def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
+def sampled_rows(stage: StageRun) -> tuple[list, dict[str, Any]]:
+    """K answers per training prompt from the SFT policy, and the sampling speed."""
     c = stage.params.collect
-    score = labeler_score(stage)
     prompts = read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)
     demos: dict[str, str] = {}
     if c.include_demo:
@@ -75,23 +100,75 @@ def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     with progress() as bar:
         task = bar.add_task("collect", total=len(prompts) * (c.k + c.explore), extra=f"K={c.k}")
         rows, generated = sample_rows(
-            policy, stage.tokenizer, prompts, demos, c, stage.params.seed, score,
+            policy, stage.tokenizer, prompts, demos, c, stage.params.seed,
             on_batch=lambda done: bar.update(task, advance=done),
         )  # fmt: skip
     seconds = time.perf_counter() - started
+    return rows, {
+        "sampling_seconds": round(seconds, 2),
+        "sampling_tokens_per_s": round(generated / seconds),
+    }
+
+
+def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
+    score = labeler_score(stage)
+    rows, speed = sampled_rows(stage)
+    scored(rows, score)
     all_scores = [s for r in rows for s in r["scores"]]
     mean_key = "gold_mean_of_samples" if score is gold_scores else "labeler_mean_of_samples"
-    train, val, labeling = comparisons_from_samples(rows, c, stage.params.seed, score)
-    return (
-        train,
-        val,
-        {
-            mean_key: round(sum(all_scores) / len(all_scores), 4),
-            "sampling_seconds": round(seconds, 2),
-            "sampling_tokens_per_s": round(generated / seconds),
-            **labeling,
-        },
+    train, val, labeling = comparisons_from_samples(
+        rows, stage.params.collect, stage.params.seed, score
     )
+    return train, val, {mean_key: round(sum(all_scores) / len(all_scores), 4), **speed, **labeling}
+
+
+def labeling_round(stage: StageRun) -> str:
+    """What the queue's answers were sampled from: a new SFT model, new prompts or new collect
+    params make a new round, whose queue replaces the last one."""
+    sampling = {
+        key: value for key, value in asdict(stage.params.collect).items() if key not in NOT_SAMPLING
+    }
+    settings = json.dumps([stage.params.seed, sampling], sort_keys=True)
+    inputs = file_digest(paths.PROMPTS_TRAIN, paths.SFT_TRAIN, paths.TOKENIZER, paths.SFT_MODEL)
+    return hashlib.sha256(f"{settings}{inputs}".encode()).hexdigest()[:16]
+
+
+def labeling_queue(stage: StageRun) -> list:
+    """This round's queue: the one on disk if it is this round's, else freshly sampled
+    `candidates` written to paths.LABEL_QUEUE for `rlhf label`."""
+    round_id = labeling_round(stage)
+    if paths.LABEL_QUEUE.exists():
+        queue = read_queue(paths.LABEL_QUEUE)
+        if queue and queue[0]["round"] == round_id:
+            return queue
+    rows, _ = sampled_rows(stage)
+    train, val, _ = candidates(rows, stage.params.collect, stage.params.seed)
+    queue = queue_items(train, val, round_id, stage.params.seed)
+    write_queue(paths.LABEL_QUEUE, queue)
+    return queue
+
+
+def human_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
+    """People's rankings of the queue; stops, saying how many items wait, until every item
+    has `collect.labels_per_item` of them."""
+    require_tracked(SPEC.name, paths.LABELS, "collect.labeler")
+    queue = labeling_queue(stage)
+    labels = all_labels(paths.LABELS, queue)
+    per_item = stage.params.collect.labels_per_item
+    waiting = waiting_items(queue, labels, per_item)
+    if waiting:
+        raise LabelsWaiting(
+            f"{len(waiting)} of {len(queue)} items in {paths.LABEL_QUEUE} wait for labels "
+            f"({per_item} per item): rank them with `rlhf label --labeler NAME`, then run "
+            "`dvc repro` again"
+        )
+    train, val = comparisons_from_labels(queue, labels)
+    if not train or not val:
+        raise DataError(
+            f"{paths.LABELS}: the labels hold no {'held-out' if train else 'training'} "
+            "comparisons: every ranking of those items ties all their answers"
+        )
+    return train, val, labeling_stats(queue, labels)
 
 
 def imported_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
@@ -108,12 +185,15 @@ def imported_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
 def run() -> dict[str, Any]:
     stage = StageRun.start(SPEC)
     c = stage.params.collect
-    collected = sampled_comparisons if c.source == "policy" else imported_comparisons
+    if c.source == "files":
+        collected = imported_comparisons
+    else:
+        collected = human_comparisons if c.labeler == HUMAN_LABELER else sampled_comparisons
     train, val, stats = collected(stage)
     metrics = {
-        "prompts": len(train) + len(val),
-        "prompts_train": len(train),
-        "prompts_val": len(val),
+        "prompts": len({r["prompt"] for r in train + val}),
+        "prompts_train": len({r["prompt"] for r in train}),
+        "prompts_val": len({r["prompt"] for r in val}),
         "pairs": sum(len(r["responses"]) * (len(r["responses"]) - 1) // 2 for r in train + val),
         **stats,
     }

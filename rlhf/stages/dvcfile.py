@@ -18,7 +18,7 @@ import yaml
 from rlhf.atomic import write_text
 from rlhf.params import load_params
 from rlhf.stages import paths
-from rlhf.stages.folders import tracked_folders
+from rlhf.stages.folders import create_labels_folder, tracked_folders
 from rlhf.stages.imports import SOURCE_ROOT, code_closure
 from rlhf.stages.specs import ITEM, StageSpec
 
@@ -112,6 +112,8 @@ def main(argv: list[str]) -> int:
         return 1
     write_text(DVC_FILE, text)
     print(f"wrote {DVC_FILE}")
+    if paths.PARAMS.is_file() and create_labels_folder(load_params(paths.PARAMS)):
+        print(f"created {paths.LABELS}/ for `rlhf label`; commit it with the labels to come")
     return 0
 
 

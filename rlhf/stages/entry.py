@@ -12,7 +12,6 @@ import os
 import sys
 from collections.abc import Callable
 
-import torch
 from rich.text import Text
 
 from rlhf.errors import PipelineError
@@ -32,7 +31,8 @@ def describe(exc: BaseException) -> str | None:
     """The one line for a failure the user can act on; None for a bug."""
     if isinstance(exc, PipelineError):
         return str(exc)
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
+    torch = sys.modules.get("torch")  # not imported: the failure cannot be torch's
+    if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
         first = str(exc).splitlines()[0] if str(exc) else "CUDA out of memory"
         return f"{first}; lower the batch sizes in params.yaml"
     if isinstance(exc, MemoryError):

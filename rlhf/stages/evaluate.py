@@ -25,17 +25,18 @@ from rlhf.atomic import write_csv, write_json
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.eval import report
 from rlhf.eval.gold import has_judge
-from rlhf.eval.judges import GOLD, REWARD_MODEL, applicable
+from rlhf.eval.judges import GOLD, GOLD_RULE, REWARD_MODEL, applicable
 from rlhf.eval.policies import ScoredAnswers, score_policy
 from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
 from rlhf.models import checkpoint
 from rlhf.models.backbone import freeze
+from rlhf.params import ParamsError
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
-from rlhf.stages.folders import judge_folder, require_tracked
+from rlhf.stages.folders import named_path, require_tracked
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
@@ -107,7 +108,7 @@ def other_judges(stage: StageRun, judges: list[str]) -> dict[str, Scorer]:
     for judge in judges:
         if judge in (GOLD, REWARD_MODEL):
             continue
-        folder = judge_folder(judge)
+        folder = named_path(judge)
         if folder is not None:
             require_tracked(SPEC.name, folder, "evaluate.judges")
         found[judge] = make_scorer(
@@ -122,9 +123,17 @@ def run() -> dict[str, float]:
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
     synthetic = has_judge(heldout)
+    if not synthetic and GOLD_RULE in cfg.judges:
+        raise ParamsError(
+            f"evaluate.judges names {GOLD_RULE!r}, the task suite's judge, but the held-out "
+            f"prompts in {paths.PROMPTS_HELDOUT} are not from the task suite: remove it"
+        )
     judges = applicable(cfg.judges, synthetic)
-    # the policy under evaluation, SFT as the KL reference and the reward model, at once
-    stage.preflight(paths.SFT_MODEL, stage.workload(trained=0, frozen=3, sampled=cfg.batch_size))
+    # the policy under evaluation, SFT as the KL reference, the reward model and any reward
+    # model folders among the judges (counted at the policy's size), at once
+    folders = sum(named_path(judge) is not None for judge in judges)
+    workload = stage.workload(trained=0, frozen=3 + folders, sampled=cfg.batch_size)
+    stage.preflight(paths.SFT_MODEL, workload)
     sft = stage.load_frozen(paths.SFT_MODEL)
     scorer = RewardModelScorer.load(paths.RM_MODEL, stage.tokenizer, stage.device)
     evaluate = functools.partial(

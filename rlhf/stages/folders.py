@@ -1,12 +1,12 @@
 """Folders outside the pipeline's own outputs that params name: inputs DVC must track too.
 
 The pretrained model `model.init` names (read by the tokenizer and SFT stages), an external
-reward model `rl.reward: hf:DIR` names (read by the RL stages) and the reward models among
-`evaluate.judges` (read by the evaluation), and the reward model `collect.labeler` names (read
-by the collect stage). dvc.yaml's deps are fixed when
-`rlhf dvc-yaml` writes it, so such a folder joins the deps of the stages that read it then. A
-stage started on a folder dvc.yaml does not list refuses to run: otherwise new weights in the
-folder would leave every result "up to date".
+reward model `rl.reward: hf:DIR` names (read by the RL stages), the reward models among
+`evaluate.judges` (read by the evaluation), and what `collect.labeler` names (read by the
+collect stage): a reward model, or for `human` the folder of people's labels. dvc.yaml's deps
+are fixed when `rlhf dvc-yaml` writes it, so such a folder joins the deps of the stages that
+read it then. A stage started on a folder dvc.yaml does not list refuses to run: otherwise new
+weights in the folder would leave every result "up to date".
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from pathlib import Path
 import yaml
 
 from rlhf.params import Params, ParamsError
+from rlhf.prefixed import CHECKPOINT, HF, argument
+from rlhf.stages import paths
 
 DVC_FILE = Path("dvc.yaml")
-HF_REWARD = "hf:"  # rl.reward's prefix for a reward model folder in Hugging Face layout
-LABELER_CHECKPOINT = "rm:"  # collect.labeler's prefix for a reward-model checkpoint
+HUMAN_LABELER = "human"
 
 
 def init_folder(params: Params) -> Path | None:
@@ -27,30 +28,28 @@ def init_folder(params: Params) -> Path | None:
     return None if params.model.init == "scratch" else Path(params.model.init)
 
 
+def named_path(value: str, prefixes: tuple[str, ...] = (HF,)) -> Path | None:
+    """The file or folder a params value `hf:DIR` (or another of `prefixes`) names, if any."""
+    name = argument(value, prefixes)
+    return None if name is None else Path(name)
+
+
 def reward_folder(params: Params) -> Path | None:
     """The external reward model's folder `rl.reward: hf:DIR` names, if it names one."""
-    reward = params.rl.reward
-    return Path(reward.removeprefix(HF_REWARD)) if reward.startswith(HF_REWARD) else None
-
-
-def judge_folder(judge: str) -> Path | None:
-    """The folder of an `evaluate.judges` entry `hf:DIR`, if it names one."""
-    return Path(judge.removeprefix(HF_REWARD)) if judge.startswith(HF_REWARD) else None
+    return named_path(params.rl.reward)
 
 
 def labeler_path(params: Params) -> Path | None:
-    """The reward model `collect.labeler: rm:PATH | hf:DIR` names, if it names one."""
+    """What `collect.labeler` reads: the reward model `rm:PATH | hf:DIR` names, or for
+    `human` the folder of people's labels."""
     labeler = params.collect.labeler
-    for prefix in (LABELER_CHECKPOINT, HF_REWARD):
-        if labeler.startswith(prefix):
-            return Path(labeler.removeprefix(prefix))
-    return None
+    return paths.LABELS if labeler == HUMAN_LABELER else named_path(labeler, (CHECKPOINT, HF))
 
 
 def tracked_folders(params: Params) -> dict[str, tuple[Path, ...]]:
     """By dvc.yaml stage name, the folders (or checkpoint files) of this kind it reads."""
     init, reward = init_folder(params), reward_folder(params)
-    judges = tuple(judge_folder(j) for j in params.evaluate.judges)
+    judges = tuple(named_path(j) for j in params.evaluate.judges)
     reads = {
         "tokenizer": (init,),
         "sft": (init,),
@@ -74,3 +73,21 @@ def require_tracked(stage: str, folder: Path, key: str) -> None:
             f"{key} names {str(folder)!r}, which is not among stage {stage}'s deps in "
             f"{DVC_FILE}: run `rlhf dvc-yaml` so that DVC tracks the folder, then run again"
         )
+
+
+LABELS_README = """\
+People's rankings of labeling/queue.parquet, one Parquet file per labeler, written by
+`rlhf label --labeler NAME`. This folder is a DVC dep of the collect stage
+(`collect.labeler: human`): new labels make `dvc repro` collect them. Commit it.
+"""
+
+
+def create_labels_folder(params: Params) -> bool:
+    """For `collect.labeler: human`, create the labels folder dvc.yaml lists among collect's
+    deps (with a README, so git keeps it before the first label): DVC refuses to run a stage
+    whose dep is missing. True when it was created."""
+    if params.collect.labeler != HUMAN_LABELER or paths.LABELS.exists():
+        return False
+    paths.LABELS.mkdir(parents=True)
+    (paths.LABELS / "README.md").write_text(LABELS_README)
+    return True

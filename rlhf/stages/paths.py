@@ -61,3 +61,9 @@ SFT_MODEL = model_file("sft")
 RM_MODEL = model_file("rm")
 EVAL_METRICS = metrics_file("eval")
 EVAL_CURVE = METRICS / "eval_overoptimization.csv"
+
+# collect.labeler: human. The queue is rewritten only when the sampled answers change; the
+# labels folder (one file per labeler, written by `rlhf label`) is a DVC dep of collect.
+LABELING = Path("labeling")
+LABEL_QUEUE = LABELING / "queue.parquet"
+LABELS = LABELING / "labels"

@@ -2,7 +2,8 @@
 
 For each training prompt, K responses are sampled from the SFT policy and ranked by a labeler:
 simulated people (the gold judge plus noise, `labelers.py`) on the task suite, or a reward
-model (AI feedback) on any prompts, its scores ranked as they are, equal scores tied. Training
+model (AI feedback) on any prompts, its scores ranked as they are, equal scores tied (people
+in the terminal rank the same `candidates`: `rlhf.labeling`). Training
 prompts also get answers sampled for sibling prompts of the same task and answers sampled at a
 high temperature: the near-misses and the degenerate answers a policy under optimization
 finds, which a reward model must have seen to score low.
@@ -46,11 +47,10 @@ def sample_rows(
     demos: dict[str, str],
     c: CollectParams,
     seed: int,
-    score: BatchScore = gold_scores,
     on_batch: Callable[[int], None] | None = None,
 ) -> tuple[Rows, int]:
     """Rows of K samples per prompt (plus the prompt's demonstration where `demos` has one),
-    each scored by the labeler's `score` (`scores`), and the tokens generated.
+    and the tokens generated.
 
     Each row also carries `explore`: `c.explore` answers sampled at `c.explore_temperature`,
     which `comparisons_from_samples` adds to training rows only.
@@ -83,7 +83,6 @@ def sample_rows(
                 "explore": explored[index * c.explore :][: c.explore],
             }
         )
-    scored(rows, score)
     generated = sum(len(tokenizer.encode(s)) + 1 for s in samples + explored)
     return rows, generated
 
@@ -105,7 +104,7 @@ def with_answers(row: dict[str, Any], answers: list[str], source: str) -> dict[s
     return {
         **row,
         "responses": row["responses"] + answers,
-        "scores": list(row["scores"]),
+        "scores": list(row.get("scores", [])),
         "source": f"{row['source']}+{source}",
     }
 
@@ -170,19 +169,25 @@ def label_by_score(rows: Rows) -> dict[str, float]:
     return {"labeler_tie_share": round(tied / max(total, 1), 4)}
 
 
-def comparisons_from_samples(
-    rows: Rows, c: CollectParams, seed: int, score: BatchScore = gold_scores
-) -> tuple[Rows, Rows, dict[str, float]]:
-    """Split sampled rows by prompt, add mismatched and explored answers to the training side,
-    score those with the labeler's `score`, and rank both sides: by the gold scores plus
-    labeler noise when `score` is the gold judge, else by the scores as they are. Returns
-    (train, held-out, labeling statistics)."""
+def candidates(rows: Rows, c: CollectParams, seed: int) -> tuple[Rows, Rows, list[int]]:
+    """Split sampled rows by prompt and add mismatched and explored answers to the training
+    side. Returns (train, held-out, how many of each row's answers were sampled for it)."""
     train, val = split_comparisons(rows, c.val_fraction, seed)
     sampled = [len(r["responses"]) for r in train + val]
     train = with_mismatched(train, c.mismatched, seed)
     train = [with_answers(r, r["explore"], "explore") for r in train]
     for row in train + val:
         del row["explore"]
+    return train, val, sampled
+
+
+def comparisons_from_samples(
+    rows: Rows, c: CollectParams, seed: int, score: BatchScore = gold_scores
+) -> tuple[Rows, Rows, dict[str, float]]:
+    """The `candidates` of scored rows, the added answers scored with the labeler's `score`,
+    both sides ranked: by the gold scores plus labeler noise when `score` is the gold judge,
+    else by the scores as they are. Returns (train, held-out, labeling statistics)."""
+    train, val, sampled = candidates(rows, c, seed)
     scored(train, score)
     if score is gold_scores:
         return train, val, label(train + val, sampled, c, seed)

@@ -1,0 +1,176 @@
+"""`rlhf label`: a person ranks the queue's items in the terminal.
+
+Each item shows the prompt and its answers under letters; the labeler types a ranking (`B A=C
+D`, see `ranking.py`) or a command. Every ranking or skip is saved at once, atomically, to
+the labeler's own file, so a session killed at any moment loses nothing and the next one
+starts at the first item this labeler has neither ranked nor skipped; skipped items come
+back once the rest are done. Several people label the same queue, each under their own name;
+after each ranking the screen says how far it agrees with the others' rankings of the item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.text import Text
+
+from rlhf.labeling.queue import (
+    Rows,
+    all_labels,
+    labels_file,
+    new_label,
+    read_labels,
+    write_labels,
+)
+from rlhf.labeling.ranking import (
+    Agreement,
+    RankingError,
+    agreement,
+    format_ranking,
+    letters,
+    parse_ranking,
+)
+
+SKIP, UNDO, QUIT, HELP = "s", "u", "q", "?"
+PROMPT = "rank> "
+HELP_TEXT = (
+    "Type the answers best first, '=' between answers you find equally good: "
+    "'B A=C D'. s: skip for now · u: undo your last label · q: quit (everything is saved) "
+    "· ?: this help"
+)
+
+
+@dataclass
+class Session:
+    """One labeler working through the queue; `mine` mirrors their labels file, in order."""
+
+    queue: Rows
+    path: Path
+    labeler: str
+    console: Console
+    mine: Rows = field(default_factory=list)
+    others: Rows = field(default_factory=list)
+    agreed: Agreement = field(default_factory=Agreement)
+    redo: str | None = None  # the item an undo brought back
+    notices: list[str] = field(default_factory=list)  # what the last command did, shown next
+
+    def next_item(self) -> dict[str, Any] | None:
+        if self.redo is not None:
+            return next(item for item in self.queue if item["item"] == self.redo)
+        handled = {label["item"] for label in self.mine}
+        skipped = {label["item"] for label in self.mine if not label["ranking"]}
+        fresh = [item for item in self.queue if item["item"] not in handled]
+        later = [item for item in self.queue if item["item"] in skipped]
+        return (fresh or later or [None])[0]
+
+    def save(self, item: str, ranking: list[int]) -> None:
+        self.mine = [label for label in self.mine if label["item"] != item]
+        self.mine.append(new_label(item, self.labeler, ranking))
+        write_labels(self.path, self.mine)
+        self.redo = None
+
+    def undo(self) -> None:
+        if not self.mine:
+            self.notices.append("nothing to undo")
+            return
+        last = self.mine.pop()
+        write_labels(self.path, self.mine)
+        self.redo = last["item"]
+        was = format_ranking(last["ranking"]) if last["ranking"] else "skipped"
+        self.notices.append(f"undone: your label of this item was {was}")
+
+    def counts(self) -> tuple[int, int]:
+        """(ranked, skipped) of this queue's items by this labeler."""
+        queued = {item["item"] for item in self.queue}
+        mine = [label for label in self.mine if label["item"] in queued]
+        ranked = sum(bool(label["ranking"]) for label in mine)
+        return ranked, len(mine) - ranked
+
+    def show(self, item: dict[str, Any]) -> None:
+        ranked, skipped = self.counts()
+        position = next(i for i, it in enumerate(self.queue) if it["item"] == item["item"]) + 1
+        status = f"{self.labeler}: {ranked} ranked · {skipped} skipped · "
+        status += f"{len(self.queue) - ranked} to go"
+        if self.agreed.decisive:
+            status += f" · agreement with others {self.agreed.rate:.0%} of "
+            status += f"{self.agreed.decisive} pairs"
+        answers = [
+            Panel(Text(answer if answer.strip() else "(empty answer)"), title=letter,
+                  title_align="left")
+            for letter, answer in zip(letters(len(item["responses"])), item["responses"],
+                                      strict=True)
+        ]  # fmt: skip
+        self.console.clear()
+        self.console.rule(f"item {position} of {len(self.queue)} ({item['split']})")
+        self.console.print(status)
+        for notice in self.notices:
+            self.console.print(notice, style="green")
+        self.notices.clear()
+        self.console.print(Group(Panel(Text(item["prompt"]), title="prompt", title_align="left"),
+                                 *answers))  # fmt: skip
+        self.console.print(HELP_TEXT)
+
+    def report_agreement(self, item: str, ranking: list[int]) -> None:
+        for label in self.others:
+            if label["item"] != item:
+                continue
+            result = agreement(ranking, label["ranking"])
+            self.agreed += result
+            self.notices.append(
+                f"agrees with {label['labeler']} on {result.agreed} of {result.decisive} "
+                "ordered pairs"
+            )
+
+    def run(self) -> int:
+        """Label until the queue is done or the labeler quits; returns the items ranked."""
+        while (item := self.next_item()) is not None:
+            self.show(item)
+            while True:
+                try:
+                    typed = self.console.input(PROMPT).strip()
+                except EOFError:
+                    typed = QUIT
+                command = typed.lower()
+                if command == QUIT:
+                    return self.finish()
+                if command == HELP:
+                    self.console.print(HELP_TEXT)
+                    continue
+                if command == SKIP:
+                    self.save(item["item"], [])
+                    self.notices.append("skipped; it comes back once the others are done")
+                elif command == UNDO:
+                    self.undo()
+                else:
+                    try:
+                        ranking = parse_ranking(typed, len(item["responses"]))
+                    except RankingError as exc:
+                        self.console.print(str(exc), style="red", markup=False)
+                        continue
+                    self.save(item["item"], ranking)
+                    self.notices.append(f"saved {format_ranking(ranking)}")
+                    self.report_agreement(item["item"], ranking)
+                break
+        self.notices.append(f"all {len(self.queue)} items are labeled by {self.labeler}")
+        return self.finish()
+
+    def finish(self) -> int:
+        for notice in self.notices:
+            self.console.print(notice, style="green")
+        ranked, _ = self.counts()
+        self.console.print(
+            f"{ranked} of {len(self.queue)} items ranked by {self.labeler}, saved in {self.path}"
+        )
+        return ranked
+
+
+def label_queue(queue: Rows, folder: Path, labeler: str, console: Console) -> int:
+    """Run a labeling session on `queue`, `labeler`'s labels kept in `folder`."""
+    path = labels_file(folder, labeler)
+    others = [label for label in all_labels(folder, queue) if label["labeler"] != labeler]
+    session = Session(queue, path, labeler, console, read_labels(path), others)
+    return session.run()

@@ -1,0 +1,109 @@
+"""The labeling queue's pieces: typed rankings, agreement between labelers, queue items and
+the comparisons people's labels become."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhf.data.schemas import DataError
+from rlhf.labeling.queue import (
+    all_labels,
+    comparisons_from_labels,
+    item_id,
+    labeling_stats,
+    labels_file,
+    new_label,
+    queue_items,
+    waiting_items,
+    write_labels,
+)
+from rlhf.labeling.ranking import RankingError, agreement, format_ranking, parse_ranking
+
+
+@pytest.mark.parametrize(
+    ("typed", "n", "ranks"),
+    [
+        ("B A=C D", 4, [1, 0, 1, 2]),
+        ("ba=cd", 4, [1, 0, 1, 2]),
+        ("A B", 2, [0, 1]),
+        ("C = B = A", 3, [0, 0, 0]),
+        ("D C B A", 4, [3, 2, 1, 0]),
+    ],
+)
+def test_a_typed_ranking_gives_dense_ranks_best_first(typed, n, ranks):
+    assert parse_ranking(typed, n) == ranks
+    assert parse_ranking(format_ranking(ranks), n) == ranks
+
+
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        ("", "type every answer"),
+        ("A B", "C missing"),
+        ("A B C E", "'E' is not one of the answers A, B, C"),
+        ("A B A C", "A is ranked twice"),
+        ("=A B C", "'=' must join two answers"),
+        ("A B==C", "'=' must join two answers"),
+    ],
+)
+def test_a_typed_text_that_is_not_a_full_ranking_says_why(typed, message):
+    with pytest.raises(RankingError, match=message):
+        parse_ranking(typed, 3)
+
+
+def test_agreement_counts_pairs_both_labelers_ordered():
+    # A > B > C against A > C > B: pairs AB, AC agree, BC is flipped
+    result = agreement([0, 1, 2], [0, 2, 1])
+    assert (result.decisive, result.agreed, result.rate) == (3, 2, 0.6667)
+    tied = agreement([0, 0, 1], [0, 1, 2])  # AB tied by one labeler: not decisive
+    assert (tied.decisive, tied.agreed, tied.pairs, tied.matched) == (2, 2, 3, 2)
+    assert agreement([0, 0], [0, 0]).rate is None and agreement([0, 0], [0, 0]).rate_with_ties == 1
+
+
+def rows(*prompts: str) -> list[dict]:
+    return [
+        {"prompt": p, "responses": [f"{p} one", f"{p} two", f"{p} one"], "task": "t", "source": "s"}
+        for p in prompts
+    ]
+
+
+def test_queue_items_have_distinct_shuffled_answers_and_content_ids():
+    queue = queue_items(rows("p1", "p2", "p3"), rows("p4"), "round", seed=0)
+    assert [item["split"] for item in queue] == ["train", "train", "train", "val"]
+    for item in queue:
+        assert sorted(item["responses"]) == [f"{item['prompt']} one", f"{item['prompt']} two"]
+    assert all(item["item"] == item_id(item["prompt"], item["responses"]) for item in queue)
+    assert queue == queue_items(rows("p1", "p2", "p3"), rows("p4"), "round", seed=0)
+    single = [{"prompt": "p", "responses": ["same", "same"], "task": "t", "source": "s"}]
+    assert queue_items(single, [], "round", seed=0) == []  # nothing to rank
+
+
+def test_labels_become_one_comparison_each_and_agreement_is_reported(tmp_path):
+    queue = queue_items(rows("p1", "p2"), rows("p3"), "round", seed=0)
+    a, b, c = (item["item"] for item in queue)
+    write_labels(labels_file(tmp_path, "alice"), [
+        new_label(a, "alice", [0, 1]), new_label(b, "alice", [1, 0]), new_label(c, "alice", [0, 0]),
+    ])  # fmt: skip
+    write_labels(labels_file(tmp_path, "bob"), [
+        new_label(a, "bob", [0, 1]), new_label(b, "bob", [0, 1]), new_label(c, "bob", []),
+    ])  # fmt: skip
+    labels = all_labels(tmp_path, queue)
+    assert len(labels) == 5  # bob's skip is no label
+    assert [item["item"] for item in waiting_items(queue, labels, 2)] == [c]
+    train, heldout = comparisons_from_labels(queue, labels)
+    assert [r["source"] for r in train] == ["human:alice", "human:alice", "human:bob", "human:bob"]
+    assert heldout == []  # alice tied the held-out item's answers: no preference
+    stats = labeling_stats(queue, labels)
+    assert stats["inter_labeler_agreement"] == 0.5  # same on item a, opposite on item b
+    assert stats["inter_labeler_pairs"] == 2 and stats["items_labeled_twice"] == 2
+    assert stats["labeler_tie_share"] == 0.2 and stats["labelers"] == 2
+
+
+def test_a_label_that_does_not_fit_its_item_names_file_row_and_field(tmp_path):
+    queue = queue_items(rows("p1"), [], "round", seed=0)
+    path = labels_file(tmp_path, "carol")
+    write_labels(path, [new_label(queue[0]["item"], "carol", [0, 2])])
+    with pytest.raises(DataError, match=r"carol.parquet: row 0, field 'ranking': \[0, 2\] is not"):
+        all_labels(tmp_path, queue)
+    with pytest.raises(DataError, match=r"labeler name '\.\./x'"):
+        labels_file(tmp_path, "../x")
