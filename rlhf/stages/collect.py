@@ -191,9 +191,9 @@ def run() -> dict[str, Any]:
         collected = human_comparisons if c.labeler == HUMAN_LABELER else sampled_comparisons
     train, val, stats = collected(stage)
     metrics = {
-        "prompts": len({r["prompt"] for r in train + val}),
-        "prompts_train": len({r["prompt"] for r in train}),
-        "prompts_val": len({r["prompt"] for r in val}),
+        "prompts": len(train) + len(val),
+        "prompts_train": len(train),
+        "prompts_val": len(val),
         "pairs": sum(len(r["responses"]) * (len(r["responses"]) - 1) // 2 for r in train + val),
         **stats,
     }
