@@ -18,16 +18,17 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.table import Table
 
-from rlhf.data.importers import IMPORTERS, best_answers, import_sft, read_lines
-from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, DataError, write_rows
-from rlhf.errors import CheckpointError, OutputError
+from rlhf.errors import CheckpointError, OutputError, PipelineError
 from rlhf.params import RL_ALGORITHMS, describe
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
 from rlhf.stages.entry import DEBUG_ENV, report_errors
+
+# results (tables of answers, scores, params) go to stdout, for pipes; logs, progress and
+# errors go to stderr (`rlhf.stages.common.console`)
+results = Console(highlight=False)
 
 
 class ImportKind(str, Enum):
@@ -173,7 +174,9 @@ def report(
         typer.echo(path)
         typer.launch(str(path))
         return
-    Console().print(Markdown(path.read_text()))
+    from rich.markdown import Markdown
+
+    results.print(Markdown(path.read_text()))
 
 
 @command("run")
@@ -243,9 +246,10 @@ def generate(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
 ) -> None:
-    """Answer prompts with a checkpoint: batched, with the KV cache."""
+    """Answer prompts with a policy checkpoint: batched, with the KV cache."""
     import torch
 
+    from rlhf.data.importers import read_lines
     from rlhf.data.tokenizer import load_tokenizer
     from rlhf.models import checkpoint
     from rlhf.sampling.generate import generate_texts
@@ -259,7 +263,13 @@ def generate(
         raise typer.BadParameter("give --prompt or --file")
     target = resolve_device(device)
     tok = load_tokenizer(tokenizer_dir)
-    model, _ = checkpoint.load_model(checkpoint_path, tok, target)
+    model, payload = checkpoint.load_model(checkpoint_path, tok, target)
+    if payload["kind"] == "reward":
+        raise CheckpointError(
+            f"{checkpoint_path} is a reward model, which scores answers rather than writing "
+            "them; generate with a policy (artifacts/sft/model.pt, or an RL or DPO stage's), "
+            "or score answers with `rlhf score`"
+        )
     if max_new_tokens >= model.max_seq_len:
         raise typer.BadParameter(
             f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
@@ -291,7 +301,7 @@ def generate(
     table = Table("prompt", "response", show_lines=True)
     for p, a in zip(prompts, answers, strict=True):
         table.add_row(p, a)
-    console.print(table)
+    results.print(table)
 
 
 @command("import")
@@ -331,6 +341,9 @@ def import_data(
     ] = False,
 ) -> None:
     """Validate your own data row by row and write it where the pipeline reads it."""
+    from rlhf.data.importers import IMPORTERS, best_answers
+    from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
+
     from_sft = kind is ImportKind.sft
     default_as = ImportedAs.demonstrations if from_sft else ImportedAs.comparisons
     is_sft = (imported_as or default_as) is ImportedAs.demonstrations
@@ -381,7 +394,7 @@ def label(
     from rlhf.labeling.terminal import label_queue
 
     if not queue.is_file():
-        raise DataError(
+        raise PipelineError(
             f"{queue}: no labeling queue; set collect.labeler: human in params.yaml, run "
             "`rlhf dvc-yaml` and `dvc repro`, which writes it"
         )
@@ -406,6 +419,7 @@ def score(
 ) -> None:
     """Score prompt/response pairs with a reward model (0 = the average SFT demonstration)."""
     from rlhf.algorithms.reward_model import score as score_responses
+    from rlhf.data.importers import import_sft
     from rlhf.data.tokenizer import load_tokenizer
     from rlhf.models import checkpoint
     from rlhf.train.device import resolve_device
@@ -435,7 +449,7 @@ def score(
     table = Table("prompt", "response", "reward", "z (reward / std)", show_lines=True)
     for p, r, value in zip(prompts, responses, rewards, strict=True):
         table.add_row(p, r, f"{value:+.3f}", f"{value / std:+.2f}")
-    console.print(table)
+    results.print(table)
 
 
 class ExportFormat(str, Enum):
@@ -487,7 +501,7 @@ def show_params() -> None:
     table = Table("key", "default", "meaning")
     for key, doc, default in describe():
         table.add_row(key, json.dumps(default), doc)
-    console.print(table)
+    results.print(table)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
+import io
 import json
+import subprocess
+import sys
 
+from rich.console import Console
 from typer.testing import CliRunner
 
 from rlhf.cli import app
+from rlhf.stages.common import ProgressLines
 
 runner = CliRunner()
 
@@ -47,3 +52,37 @@ def test_params_lists_every_documented_key():
     assert result.exit_code == 0
     for key in ("sft.lr", "tokenizer.kind", "data.demo_noise", "model.block_size"):
         assert key in result.output
+
+
+def test_generate_refuses_a_reward_model(trained_project, monkeypatch):
+    monkeypatch.chdir(trained_project)
+    result = runner.invoke(app, ["generate", "artifacts/rm/model.pt", "-p", "Greet Bob."])
+    assert result.exit_code == 2
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert line.startswith("error: artifacts/rm/model.pt is a reward model, which scores answers")
+
+
+def test_results_go_to_stdout_and_logs_to_stderr(tmp_path):
+    """`rlhf params | grep kl_coef` finds the row: tables are results, for pipes."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf.cli", "params"], cwd=tmp_path, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    rows = [line for line in done.stdout.splitlines() if "kl_coef" in line]
+    assert any("ppo.kl_coef" in row and "0.2" in row for row in rows) and done.stderr == ""
+
+
+def test_off_a_terminal_progress_is_a_line_every_so_often():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=40)
+    with ProgressLines(console=console, every=0) as bar:
+        task = bar.add_task("collect", total=100, extra="K=4")
+        bar.update(task, advance=30)
+        bar.advance(task, 20)
+    with ProgressLines(console=console, every=3600) as bar:  # nothing until the work ends
+        task = bar.add_task("rm", total=None, extra="")
+        bar.update(task, advance=7, extra="loss 0.5")
+    lines = out.getvalue().splitlines()
+    assert [line.rsplit(" ", 1)[0] for line in lines] == [
+        "collect: 30/100 K=4", "collect: 50/100 K=4", "collect: 50/100 K=4", "rm: 7 loss 0.5",
+    ]  # fmt: skip

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from rlhf.params import Params, load_params
 from rlhf.stages import paths
@@ -25,8 +29,46 @@ def params(path: Path = paths.PARAMS) -> Params:
     return load_params(path)
 
 
+PROGRESS_LINE_EVERY_S = 30.0  # off a terminal: a progress line this often
+
+
+class ProgressLines(Progress):
+    """Progress for logs. Off a terminal (CI, nohup, Prefect's logs) a redrawn bar shows
+    nothing until it ends, so a long stage looks hung; this prints each task's state as a line
+    every `every` seconds instead, and once more when the work ends."""
+
+    def __init__(self, *columns: Any, every: float, **kwargs: Any) -> None:
+        super().__init__(*columns, disable=True, **kwargs)
+        self.every = every
+        self.last_line = time.monotonic()
+
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
+        super().update(task_id, **kwargs)
+        if time.monotonic() - self.last_line >= self.every:
+            self.print_lines()
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        self.update(task_id, advance=advance)
+
+    def stop(self) -> None:
+        self.print_lines()
+        super().stop()
+
+    def print_lines(self) -> None:
+        self.last_line = time.monotonic()
+        for task in self.tasks:
+            done = f"{task.completed:g}" + (f"/{task.total:g}" if task.total else "")
+            elapsed = time.strftime("%H:%M:%S", time.gmtime(task.elapsed or 0))
+            extra = task.fields.get("extra", "")
+            self.console.print(Text(f"{task.description}: {done} {extra} {elapsed}"),
+                               soft_wrap=True)  # fmt: skip
+
+
 def progress() -> Progress:
-    """A progress bar for long loops; `extra` fields show live values such as the loss."""
+    """A progress bar for long loops, or lines in a log (`ProgressLines`); `extra` fields
+    show live values such as the loss."""
+    if not console.is_terminal:
+        return ProgressLines(console=console, every=PROGRESS_LINE_EVERY_S)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
