@@ -398,7 +398,12 @@ def label(
             f"{queue}: no labeling queue; set collect.labeler: human in params.yaml, run "
             "`rlhf dvc-yaml` and `dvc repro`, which writes it"
         )
-    label_queue(read_queue(queue), labels, labeler or getpass.getuser(), Console(highlight=False))
+    if not labeler:
+        try:
+            labeler = getpass.getuser()
+        except OSError:  # a container with neither USER nor a passwd entry
+            raise PipelineError("no login name to label under; give --labeler NAME") from None
+    label_queue(read_queue(queue), labels, labeler, Console(highlight=False))
 
 
 @command()

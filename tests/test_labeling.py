@@ -3,7 +3,11 @@ the comparisons people's labels become."""
 
 from __future__ import annotations
 
+import io
+import re
+
 import pytest
+from rich.console import Console
 
 from rlhf.data.schemas import DataError
 from rlhf.labeling.queue import (
@@ -14,10 +18,12 @@ from rlhf.labeling.queue import (
     labels_file,
     new_label,
     queue_items,
+    read_labels,
     waiting_items,
     write_labels,
 )
 from rlhf.labeling.ranking import RankingError, agreement, format_ranking, parse_ranking
+from rlhf.labeling.terminal import label_queue
 
 
 @pytest.mark.parametrize(
@@ -107,3 +113,42 @@ def test_a_label_that_does_not_fit_its_item_names_file_row_and_field(tmp_path):
         all_labels(tmp_path, queue)
     with pytest.raises(DataError, match=r"labeler name '\.\./x'"):
         labels_file(tmp_path, "../x")
+
+
+def session(monkeypatch, folder, queue, typed: list[str], labeler: str = "alice") -> str:
+    """A labeling session in-process: `typed` are the lines the labeler enters."""
+    lines = iter(typed)
+    monkeypatch.setattr("builtins.input", lambda *_: next(lines))
+    screen = Console(file=io.StringIO(), force_terminal=False, width=100)
+    label_queue(queue, folder, labeler, screen)
+    return screen.file.getvalue()
+
+
+def shown(screen: str) -> list[int]:
+    return [int(n) for n in re.findall(r"item (\d+) of", screen)]
+
+
+def test_skipping_a_skipped_item_again_sends_it_to_the_back(tmp_path, monkeypatch):
+    queue = queue_items(rows("p1", "p2", "p3"), [], "round", seed=0)
+    screen = session(monkeypatch, tmp_path, queue, ["s", "s", "A B", "s", "q"])
+    assert shown(screen) == [1, 2, 3, 1, 2]
+
+
+def test_undo_takes_back_only_labels_of_this_queue(tmp_path, monkeypatch):
+    old = new_label("an-earlier-round", "alice", [0, 1])
+    write_labels(labels_file(tmp_path, "alice"), [old])
+    queue = queue_items(rows("p1", "p2"), [], "round", seed=0)
+    screen = session(monkeypatch, tmp_path, queue, ["u", "A B", "u", "B A", "q"])
+    assert "nothing to undo" in screen and shown(screen) == [1, 1, 2, 1, 2]
+    kept = read_labels(labels_file(tmp_path, "alice"))
+    assert [label["item"] for label in kept] == ["an-earlier-round", queue[0]["item"]]
+    assert kept[1]["ranking"] == [1, 0]
+
+
+def test_agreement_shown_counts_each_item_once_after_an_undo(tmp_path, monkeypatch):
+    queue = queue_items(rows("p1", "p2"), [], "round", seed=0)
+    write_labels(labels_file(tmp_path, "bob"), [new_label(queue[0]["item"], "bob", [0, 1])])
+    screen = session(monkeypatch, tmp_path, queue, ["A B", "u", "A B", "q"])
+    assert "agrees with bob on 1 of 1 ordered pairs" in screen
+    assert screen.count("agreement with others 100% of 1 pairs") == 2  # item 2, twice
+    assert "of 2 pairs" not in screen  # the undone ranking no longer counts

@@ -1,5 +1,7 @@
 import json
 import shutil
+import subprocess
+import sys
 from itertools import combinations
 
 import pytest
@@ -14,7 +16,7 @@ from rlhf.data.tokenizer import load_tokenizer
 from rlhf.params import ParamsError, parse_params
 from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
 
-from conftest import make_project, run_module, write_params
+from conftest import clean_env, make_project, run_module, write_params
 
 runner = CliRunner()
 RM_KEYS = {"acc_noisy", "acc_gold", "acc_gold_margin_ge_0_2", "acc_gold_by_margin",
@@ -159,3 +161,17 @@ def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, t
     assert rm["acc_gold"] is None and rm["acc_noisy"] > 0.5  # it learns its teacher's order
     with pytest.raises(ParamsError, match=r"labeler = 'human:x' is not 'gold', 'human', 'rm:PATH'"):
         parse_params({"collect": {"labeler": "human:x"}})
+
+
+def test_human_labeling_refuses_more_answers_than_letters_before_sampling(
+    trained_project, tmp_path
+):
+    project = make_project(tmp_path / "p", {"collect.labeler": "human", "collect.k": 24})
+    for part in ("artifacts", "data"):
+        shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    run_module("rlhf.stages.dvcfile", project)
+    refused = subprocess.run([sys.executable, "-m", "rlhf.stages.collect"], cwd=project,
+                             env=clean_env(), capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "include_demo + explore + mismatched = 29 answers per item" in refused.stderr
+    assert not (project / "labeling" / "queue.parquet").exists()

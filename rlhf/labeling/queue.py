@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
@@ -46,6 +47,7 @@ LABEL_SCHEMA = pa.schema(
     ]
 )
 LABEL_SUFFIX = ".parquet"
+LABELER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # also a file name
 
 
 def item_id(prompt: str, responses: Sequence[str]) -> str:
@@ -88,8 +90,8 @@ def write_queue(path: Path, items: Rows) -> None:
 
 def labels_file(folder: Path, labeler: str) -> Path:
     """Where `labeler`'s labels live in the labels folder."""
-    if not labeler or labeler.startswith(".") or any(c in labeler for c in "/\\\0"):
-        raise DataError(f"labeler name {labeler!r}: use letters, digits, '-' or '_'")
+    if not LABELER_NAME.fullmatch(labeler):
+        raise DataError(f"labeler name {labeler!r}: use letters, digits, '.', '-' or '_'")
     return folder / f"{labeler}{LABEL_SUFFIX}"
 
 

@@ -18,6 +18,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from rlhf.atomic import remove_stale
 from rlhf.labeling.queue import (
     Rows,
     all_labels,
@@ -54,18 +55,28 @@ class Session:
     console: Console
     mine: Rows = field(default_factory=list)
     others: Rows = field(default_factory=list)
-    agreed: Agreement = field(default_factory=Agreement)
     redo: str | None = None  # the item an undo brought back
     notices: list[str] = field(default_factory=list)  # what the last command did, shown next
 
+    def queued(self) -> dict[str, dict[str, Any]]:
+        return {item["item"]: item for item in self.queue}
+
+    def labels_here(self) -> Rows:
+        """This labeler's labels of this queue's items, oldest first (the file may also hold
+        labels of an earlier round's items, which stay as they are)."""
+        queued = self.queued()
+        return [label for label in self.mine if label["item"] in queued]
+
     def next_item(self) -> dict[str, Any] | None:
+        """The item an undo brought back, else the first item neither ranked nor skipped,
+        else the item skipped longest ago (skipping it again sends it to the back)."""
+        queued = self.queued()
         if self.redo is not None:
-            return next(item for item in self.queue if item["item"] == self.redo)
+            return queued[self.redo]
         handled = {label["item"] for label in self.mine}
-        skipped = {label["item"] for label in self.mine if not label["ranking"]}
         fresh = [item for item in self.queue if item["item"] not in handled]
-        later = [item for item in self.queue if item["item"] in skipped]
-        return (fresh or later or [None])[0]
+        skipped = [queued[label["item"]] for label in self.labels_here() if not label["ranking"]]
+        return (fresh or skipped or [None])[0]
 
     def save(self, item: str, ranking: list[int]) -> None:
         self.mine = [label for label in self.mine if label["item"] != item]
@@ -74,10 +85,13 @@ class Session:
         self.redo = None
 
     def undo(self) -> None:
-        if not self.mine:
+        """Take back this labeler's last label of this queue."""
+        here = self.labels_here()
+        if not here:
             self.notices.append("nothing to undo")
             return
-        last = self.mine.pop()
+        last = here[-1]
+        self.mine = [label for label in self.mine if label is not last]
         write_labels(self.path, self.mine)
         self.redo = last["item"]
         was = format_ranking(last["ranking"]) if last["ranking"] else "skipped"
@@ -85,19 +99,26 @@ class Session:
 
     def counts(self) -> tuple[int, int]:
         """(ranked, skipped) of this queue's items by this labeler."""
-        queued = {item["item"] for item in self.queue}
-        mine = [label for label in self.mine if label["item"] in queued]
-        ranked = sum(bool(label["ranking"]) for label in mine)
-        return ranked, len(mine) - ranked
+        here = self.labels_here()
+        ranked = sum(bool(label["ranking"]) for label in here)
+        return ranked, len(here) - ranked
+
+    def agreement_so_far(self) -> Agreement:
+        """This labeler's rankings against the others', over every item both ranked."""
+        mine = {label["item"]: label["ranking"] for label in self.labels_here() if label["ranking"]}
+        return sum(
+            (agreement(mine[o["item"]], o["ranking"]) for o in self.others if o["item"] in mine),
+            Agreement(),
+        )
 
     def show(self, item: dict[str, Any]) -> None:
         ranked, skipped = self.counts()
         position = next(i for i, it in enumerate(self.queue) if it["item"] == item["item"]) + 1
         status = f"{self.labeler}: {ranked} ranked · {skipped} skipped · "
         status += f"{len(self.queue) - ranked} to go"
-        if self.agreed.decisive:
-            status += f" · agreement with others {self.agreed.rate:.0%} of "
-            status += f"{self.agreed.decisive} pairs"
+        agreed = self.agreement_so_far()
+        if agreed.decisive:
+            status += f" · agreement with others {agreed.rate:.0%} of {agreed.decisive} pairs"
         answers = [
             Panel(Text(answer if answer.strip() else "(empty answer)"), title=letter,
                   title_align="left")
@@ -119,7 +140,6 @@ class Session:
             if label["item"] != item:
                 continue
             result = agreement(ranking, label["ranking"])
-            self.agreed += result
             self.notices.append(
                 f"agrees with {label['labeler']} on {result.agreed} of {result.decisive} "
                 "ordered pairs"
@@ -171,6 +191,7 @@ class Session:
 def label_queue(queue: Rows, folder: Path, labeler: str, console: Console) -> int:
     """Run a labeling session on `queue`, `labeler`'s labels kept in `folder`."""
     path = labels_file(folder, labeler)
+    remove_stale([path])  # a save the last session was killed in
     others = [label for label in all_labels(folder, queue) if label["labeler"] != labeler]
     session = Session(queue, path, labeler, console, read_labels(path), others)
     return session.run()

@@ -38,6 +38,8 @@ from rlhf.labeling.queue import (
     waiting_items,
     write_queue,
 )
+from rlhf.labeling.ranking import LETTERS
+from rlhf.params import ParamsError
 from rlhf.prefixed import HF
 from rlhf.stages import paths
 from rlhf.stages.common import file_digest, progress
@@ -136,14 +138,27 @@ def labeling_round(stage: StageRun) -> str:
 def labeling_queue(stage: StageRun) -> list:
     """This round's queue: the one on disk if it is this round's, else freshly sampled
     `candidates` written to paths.LABEL_QUEUE for `rlhf label`."""
+    c = stage.params.collect
+    most = c.k + int(c.include_demo) + c.explore + c.mismatched
+    if most > len(LETTERS):
+        raise ParamsError(
+            f"collect.labeler is human, but collect.k + include_demo + explore + mismatched = "
+            f"{most} answers per item are more than the {len(LETTERS)} letters that name them "
+            "on screen (and more than a person ranks well; InstructGPT's labelers ranked 4 to 9)"
+        )
     round_id = labeling_round(stage)
     if paths.LABEL_QUEUE.exists():
         queue = read_queue(paths.LABEL_QUEUE)
         if queue and queue[0]["round"] == round_id:
             return queue
     rows, _ = sampled_rows(stage)
-    train, val, _ = candidates(rows, stage.params.collect, stage.params.seed)
+    train, val, _ = candidates(rows, c, stage.params.seed)
     queue = queue_items(train, val, round_id, stage.params.seed)
+    if not queue:
+        raise DataError(
+            "collect.labeler is human, but no training prompt got two different answers to "
+            "rank: sample more varied answers (collect.temperature, collect.k)"
+        )
     write_queue(paths.LABEL_QUEUE, queue)
     return queue
 
