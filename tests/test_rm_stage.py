@@ -163,10 +163,9 @@ def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, t
         parse_params({"collect": {"labeler": "human:x"}})
 
 
-def test_human_labeling_refuses_more_answers_than_letters_before_sampling(
-    trained_project, tmp_path
-):
-    project = make_project(tmp_path / "p", {"collect.labeler": "human", "collect.k": 24})
+def test_human_labeling_refuses_more_answers_than_letters_up_front(trained_project, tmp_path):
+    collect = {"labeler": "human", "k": 24, "explore": 2, "mismatched": 3}
+    project = make_project(tmp_path / "p", {f"collect.{k}": v for k, v in collect.items()})
     for part in ("artifacts", "data"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     run_module("rlhf.stages.dvcfile", project)
