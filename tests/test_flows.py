@@ -2,44 +2,39 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 from prefect import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
     LogFilter,
     LogFilterFlowRunId,
 )
 from prefect.deployments import run_deployment
 from prefect.logging.handlers import APILogHandler
-from prefect.settings import PREFECT_API_URL
-from prefect.testing.utilities import prefect_test_harness
 from prefect.workers.process import ProcessWorker
 from typer.testing import CliRunner
 
 from rlhf.cli import app
+from rlhf.flows.lock import HOLDING, RELEASED
 from rlhf.flows.pipeline import REFUSED, SKIPPED, pipeline, stage_flow
+from rlhf.flows.stage_names import stage_names
+from rlhf.params import RL_ALGORITHMS
+from rlhf.stages.dvcfile import declared_stages
 
-from conftest import REPO, clean_env, init_dvc_repo, make_project
+from conftest import REPO, prefect_env, sh, shared_project
 
 ALL_STAGES = {
     "prepare", "tokenizer", "sft", "collect", "rm", "rl@ppo", "rl@grpo", "dpo", "evaluate",
 }  # fmt: skip
 TEST_POOL = "rlhf-test-process"
-
-
-@pytest.fixture(scope="module")
-def prefect_server():
-    with prefect_test_harness(server_startup_timeout=60):
-        yield PREFECT_API_URL.value()
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +54,11 @@ def in_project(flow_project, monkeypatch):
 
 
 def this_run(flow_state) -> FlowRunFilter:
-    return FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+    return this_run_id(flow_state.state_details.flow_run_id)
+
+
+def this_run_id(flow_run_id) -> FlowRunFilter:
+    return FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
 
 
 def stage_states(flow_state) -> dict[str, str]:
@@ -79,7 +78,10 @@ def test_flow_skips_every_stage_of_an_up_to_date_project_and_publishes_its_metri
     state = pipeline(return_state=True)
     assert state.is_completed(), state.message
     assert stage_states(state) == dict.fromkeys(ALL_STAGES, SKIPPED)
-    published = {"sft-metrics", "rl-ppo-metrics", "evaluate-metrics", "rlhf-evaluation"}
+    published = {
+        "sft-metrics", "sft-timings", "rl-ppo-metrics", "rl-ppo-timings", "evaluate-metrics",
+        "rlhf-evaluation",
+    }  # fmt: skip
     assert published <= artifact_keys(state)
 
 
@@ -150,9 +152,18 @@ def swapped_prefect_yaml(project) -> None:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory, prefect_server):
-    """A fresh DVC project with the deployments registered and a process worker serving them."""
-    project = init_dvc_repo(make_project(tmp_path_factory.mktemp("deployed")))
+def upstream(trained_project, tmp_path_factory):
+    """The team's repository: the trained project committed, its outputs pushed to the
+    default local remote (`rlhf-pipeline-storage` beside it)."""
+    return shared_project(trained_project, tmp_path_factory.mktemp("team") / "upstream")
+
+
+@pytest.fixture(scope="module")
+def worker(upstream, prefect_server):
+    """The GPU host's repository, a fresh clone of upstream (no outputs, an empty DVC cache),
+    with the deployments registered and a process worker serving them."""
+    sh(["git", "clone", "-q", str(upstream), "host"], upstream.parent)
+    project = upstream.parent / "host"
     swapped_prefect_yaml(project)
     with get_client(sync_client=True) as client:
         client.create_work_pool(
@@ -162,11 +173,7 @@ def worker(tmp_path_factory, prefect_server):
                 base_job_template=ProcessWorker.get_default_base_job_template(),
             )
         )
-    env = clean_env() | {
-        "PREFECT_API_URL": prefect_server,
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-    }
+    env = prefect_env(prefect_server)
     deploy = subprocess.run(
         ["rlhf", "deploy"], cwd=project, env=env, capture_output=True, text=True
     )
@@ -187,21 +194,27 @@ def worker(tmp_path_factory, prefect_server):
 def test_pipeline_deployment_schedule_and_parameters_come_from_prefect_yaml(worker):
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("rlhf-pipeline/rlhf-pipeline")
+        stage = client.read_deployment_by_name("rlhf-stage/rlhf-stage")
     assert [(s.schedule.cron, s.schedule.timezone) for s in deployment.schedules] == [
         ("0 2 * * *", "UTC")
     ]
     assert deployment.parameters == {
-        "target": "evaluate", "overrides": [], "containerized": True, "retries": 1,
+        "target": "evaluate", "overrides": [], "containerized": True, "experiment": True,
+        "retries": 1, "start_timeout_s": 900, "stage_timeout_s": 86400,
     }  # fmt: skip
     assert deployment.entrypoint == "rlhf/flows/pipeline.py:pipeline"
+    schema = stage.parameter_openapi_schema
+    assert schema["definitions"]["StageName"]["enum"] == [
+        "prepare", "tokenizer", "sft", "collect", "rm",
+        "rl@ppo", "rl@reinforce", "rl@rloo", "rl@grpo", "dpo", "evaluate",
+    ]  # fmt: skip
 
 
-def test_shipped_stage_deployment_requests_gpus_in_the_project_image():
-    stage = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"][0]
-    variables = stage["work_pool"]["job_variables"]
-    assert stage["name"] == "rlhf-stage" and variables["image"] == "rlhf-pipeline:latest"
-    requests = variables["container_create_kwargs"]["device_requests"]
-    assert requests == [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}]
+def test_stage_names_are_the_declared_stages():
+    declared = []
+    for name, spec in declared_stages().items():
+        declared += [f"{name}@{a}" for a in RL_ALGORITHMS] if spec.foreach else [name]
+    assert stage_names() == declared
 
 
 def test_a_stage_runs_through_run_deployment_on_a_worker(worker):
@@ -213,18 +226,126 @@ def test_a_stage_runs_through_run_deployment_on_a_worker(worker):
     assert (worker / "data" / "prepared" / "prompts_heldout.parquet").exists()
 
 
-def test_containerized_pipeline_dispatches_each_stage_and_fails_on_a_failed_child(
+def test_containerized_pipeline_dispatches_each_stage_and_fails_with_the_stages_error(
     worker, monkeypatch
 ):
     monkeypatch.chdir(worker)
     state = pipeline(target="tokenizer", containerized=True, return_state=True)
     assert state.is_completed(), state.message
     assert (worker / "artifacts" / "tokenizer").is_dir()
+    before = (worker / "params.yaml").read_text()
     failed = pipeline(
-        target="prepare", containerized=True, overrides=["data.n_train=-5"], return_state=True
-    )
+        target="prepare", containerized=True, experiment=True,
+        overrides=["+data.source=files"], return_state=True,
+    )  # fmt: skip
     assert failed.is_failed()
-    assert "stage prepare" in failed.message and "Failed" in failed.message
+    assert "stage prepare: data.source is 'files' but" in failed.message
+    assert (worker / "params.yaml").read_text() == before
+    assert not any((worker / ".rlhf" / "runs").iterdir())
+
+
+def test_a_stage_no_worker_starts_fails_the_pipeline_within_its_start_timeout(worker, monkeypatch):
+    with get_client(sync_client=True) as client:
+        client.update_work_pool(TEST_POOL, WorkPoolUpdate(is_paused=True))
+    monkeypatch.chdir(worker)
+    try:
+        state = pipeline(target="prepare", containerized=True, start_timeout_s=3,
+                         return_state=True)  # fmt: skip
+    finally:
+        with get_client(sync_client=True) as client:
+            client.update_work_pool(TEST_POOL, WorkPoolUpdate(is_paused=False))
+    assert state.is_failed()
+    assert "no worker started flow run" in state.message
+    assert f"prefect worker start --pool {TEST_POOL}" in state.message
+
+
+def flow_run_logs(flow_run_id) -> list:
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        return client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+
+
+def held(flow_run_id) -> tuple[float, float]:
+    """When the run took and released the repository, from its own log lines."""
+    logs = {log.message.split(": ", 1)[1].split(" ")[0]: log.timestamp.timestamp()
+            for log in flow_run_logs(flow_run_id) if ": " in log.message}  # fmt: skip
+    return logs[HOLDING], logs[RELEASED]
+
+
+def wait_for(flow_run_ids, timeout_s: float) -> list:
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = [client.read_flow_run(i) for i in flow_run_ids]
+            if all(r.state.is_final() for r in runs) or time.monotonic() > deadline:
+                return runs
+            time.sleep(1)
+
+
+def child_stage_states(parent_id) -> dict[str, str]:
+    """Stage -> final state name of the task run in each rlhf-stage run the pipeline run
+    dispatched."""
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])
+            )
+        )
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[c.id for c in children]))
+        )
+    return {task.name: task.state.name for task in tasks}
+
+
+def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, upstream):
+    """The nightly run on the GPU host's clone: the code it pulls (a commit pushed upstream
+    after the clone), its outputs pulled from the remote so that only what the change and
+    the override touch runs, the result recorded as an experiment and pushed; the host's
+    params.yaml untouched; and a run started meanwhile waits for it."""
+    params = yaml.safe_load((upstream / "params.yaml").read_text())
+    params["evaluate"]["bootstrap_resamples"] = 100
+    (upstream / "params.yaml").write_text(yaml.safe_dump(params))
+    sh(["git", "commit", "-q", "-am", "fewer bootstrap resamples"], upstream)
+    nightly = "rlhf-pipeline/rlhf-pipeline"
+    first = run_deployment(nightly, parameters={"overrides": ["ppo.kl_coef=0.3"]}, timeout=0)
+    time.sleep(1)
+    second = run_deployment(nightly, parameters={"target": "sft"}, timeout=0)
+    first, second = wait_for([first.id, second.id], timeout_s=600)
+    assert first.state.is_completed(), first.state.message
+    assert second.state.is_completed(), second.state.message
+    (took, released), (took_2, released_2) = held(first.id), held(second.id)
+    assert released <= took_2 or released_2 <= took  # one after the other
+
+    head = sh(["git", "rev-parse", "HEAD"], worker).strip()
+    assert head == sh(["git", "rev-parse", "HEAD"], upstream).strip()  # the code was pulled
+    host_params = yaml.safe_load((worker / "params.yaml").read_text())
+    assert host_params["evaluate"]["bootstrap_resamples"] == 100
+    assert host_params["ppo"]["kl_coef"] == params["ppo"]["kl_coef"] != 0.3
+    ran = {"rl@ppo", "evaluate"}
+    assert child_stage_states(first.id) == {
+        s: "Completed" if s in ran else SKIPPED for s in ALL_STAGES
+    }  # every other stage's outputs came from the remote
+    assert set(child_stage_states(second.id).values()) == {SKIPPED}
+
+    refs = sh(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"], worker)
+    experiments = dict(line.split(" ")[::-1] for line in refs.splitlines())
+    (ref,) = [r for r in experiments if r.endswith(f"-{first.name}")]
+    commit = experiments[ref]
+    recorded = yaml.safe_load(sh(["git", "show", f"{commit}:params.yaml"], worker))
+    assert recorded["ppo"]["kl_coef"] == 0.3 and recorded["evaluate"]["bootstrap_resamples"] == 100
+    lock = yaml.safe_load(sh(["git", "show", f"{commit}:dvc.lock"], worker))
+    (policy,) = [o for o in lock["stages"]["rl@ppo"]["outs"] if o["path"].endswith("model.pt")]
+    md5 = policy["md5"]
+    assert (
+        upstream.parent / "rlhf-pipeline-storage" / "files" / "md5" / md5[:2] / md5[2:]
+    ).exists()
+    assert not any((worker / ".rlhf" / "runs").iterdir())  # the run's checkout is gone
+    with get_client(sync_client=True) as client:
+        (evaluation,) = [
+            a for a in client.read_artifacts(flow_run_filter=this_run_id(first.id))
+            if a.key == "rlhf-evaluation"
+        ]  # fmt: skip
+    assert ref.rsplit("/", 1)[1] in evaluation.data and "dvc exp apply" in evaluation.data
 
 
 def test_cli_run_goes_through_the_flow_and_reports_failure(in_project):

@@ -201,8 +201,6 @@ def test_sft_starts_fresh_over_garbage_resume_state_and_clears_stale_temporaries
     resumed, uninterrupted = (
         json.loads((p / "metrics" / "sft.json").read_text()) for p in (project, trained_project)
     )
-    for metrics in (resumed, uninterrupted):
-        metrics.pop("tokens_per_s")
     assert resumed == uninterrupted
 
 

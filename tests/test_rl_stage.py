@@ -24,14 +24,17 @@ from rlhf.synthetic.datasets import synthetic_sets
 
 from conftest import kill_at_first_save, make_project, run_module
 
-RL_KEYS = {"score", "kl", "steps", "rollout_tokens_per_s", "gold_sampled", "win_rate_vs_sft"}
+RL_KEYS = {"score", "kl", "steps", "gold_sampled", "win_rate_vs_sft"}
 STEP_COLUMNS = {
     "score", "non_score_reward", "kl", "beta", "approx_kl", "clip_fraction", "entropy",
-    "response_length", "end_token_rate", "rollout_tokens_per_s", "update_tokens_per_s",
-    "rollout_s", "scoring_s", "update_s",
+    "response_length", "end_token_rate",
 }  # fmt: skip
 CRITIC_COLUMNS = {"value_loss", "value_clip_fraction", "explained_variance"}
 TIMING = {"rollout_tokens_per_s", "update_tokens_per_s", "rollout_s", "scoring_s", "update_s"}
+TIMING_SUMMARY = {
+    "rollout_tokens_per_s", "update_tokens_per_s", "seconds_rollout", "seconds_scoring",
+    "seconds_update",
+}  # fmt: skip
 
 
 def rl_metrics(project, algorithm="ppo"):
@@ -55,6 +58,12 @@ def test_each_algorithm_writes_its_own_outputs(trained_project, algorithm):
     assert [int(r["step"]) for r in steps] == [1, 2, 3, 4]
     critic = CRITIC_COLUMNS if algorithm == "ppo" else {"kl_loss"}
     assert set(steps[0]) >= STEP_COLUMNS | critic
+    assert not set(steps[0]) & TIMING and not set(metrics) & TIMING_SUMMARY
+    timings = json.loads((trained_project / "timings" / f"{algorithm}.json").read_text())
+    assert set(timings) == TIMING_SUMMARY and timings["rollout_tokens_per_s"] > 0
+    with open(trained_project / "timings" / f"{algorithm}_steps.csv") as f:
+        timed = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in timed] == [1, 2, 3, 4] and set(timed[0]) == {"step"} | TIMING
     assert (algorithm == "ppo") == ("ptx_loss" in steps[0])  # ptx_coef is set for ppo only
     folder = trained_project / "artifacts" / algorithm
     samples = (folder / "samples.jsonl").read_text().splitlines()
@@ -86,15 +95,8 @@ def test_killed_ppo_resumes_and_matches_an_uninterrupted_run(trained_project, tm
 
     rerun = run_module("rlhf.stages.rl", project, "ppo")
     assert f"resuming from iteration {killed_at}" in rerun.stderr
-    resumed, uninterrupted = rl_metrics(project), rl_metrics(trained_project)
-    for metrics in (resumed, uninterrupted):
-        for key in [k for k in metrics if k.startswith("seconds_") or k in TIMING]:
-            metrics.pop(key)
-    assert resumed == uninterrupted
-    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in rl_steps(project)]
-    assert strip == [
-        {k: v for k, v in r.items() if k not in TIMING} for r in rl_steps(trained_project)
-    ]
+    assert rl_metrics(project) == rl_metrics(trained_project)
+    assert rl_steps(project) == rl_steps(trained_project)
     # the snapshot taken before the kill is published, identical to the uninterrupted one
     snapshot = "artifacts/ppo/snapshots/step_00002.pt"
     resumed_weights = checkpoint.load(project / snapshot)["model"]

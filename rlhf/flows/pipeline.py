@@ -7,8 +7,10 @@ when params.yaml does, so Prefect would cache what DVC knows to be stale.
 
 Locally (`containerized=False`) the stages run in this process, one after the other. In
 production (`containerized=True`) each stage is a run of the `rlhf-stage` deployment, which a
-Docker worker executes in this project's image on a GPU host; the pipeline waits for each and
-fails if one did not complete (`run_deployment` returns failed runs without raising).
+Docker worker executes in this project's image on a GPU host (`dispatch.py`). A scheduled run
+(`experiment=True`) pulls the code and the DVC outputs, runs in a checkout of its own and
+records the outcome as a DVC experiment (`repository.py`). Whatever starts it, one pipeline
+run at a time holds a repository (`lock.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,34 +31,45 @@ from dvc.utils.hydra import apply_overrides
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.client.schemas.objects import TaskRun
-from prefect.deployments import run_deployment
+from prefect.client.schemas.objects import FlowRun, TaskRun
+from prefect.context import get_run_context
 from prefect.states import Completed, Failed, State
 
 from rlhf.eval.report import policies_table, win_rates_table
+from rlhf.flows.dispatch import run_stage_deployment
+from rlhf.flows.lock import one_run_per_repository
+from rlhf.flows.repository import (
+    checkout_for_run,
+    has_remote,
+    head_commit,
+    pull_code,
+    pull_inputs,
+    record_experiment,
+    remove_checkout,
+)
+from rlhf.flows.stage_names import StageName
 from rlhf.params import parse_params
 from rlhf.stages import paths
 from rlhf.stages.dvcfile import declared_stages
 from rlhf.stages.entry import ERROR_PREFIX
 
-STAGE_DEPLOYMENT = "rlhf-stage/rlhf-stage"
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
 REFUSED = "Refused"  # state name of a stage that reported an error the user must fix
 
 
-def stages_for(target: str) -> list[str]:
+def stages_for(target: str, root: Path) -> list[str]:
     """`target` and every stage it depends on, in the order DVC runs them."""
-    with Repo(".") as repo:
+    with Repo(str(root)) as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
-        by_name = {stage.addressing: stage for stage in graph}
+        by_name = {stage.name: stage for stage in graph}
         if target not in by_name:
             raise ValueError(f"unknown stage {target!r}; dvc.yaml has {', '.join(by_name)}")
-        needed = {target} | {s.addressing for s in nx.descendants(graph, by_name[target])}
-        order = [s.addressing for s in reversed(list(nx.topological_sort(graph)))]
+        needed = {target} | {s.name for s in nx.descendants(graph, by_name[target])}
+        order = [s.name for s in reversed(list(nx.topological_sort(graph)))]
     return [name for name in order if name in needed]
 
 
-def set_params(overrides: Sequence[str], params_file: Path = paths.PARAMS) -> None:
+def set_params(overrides: Sequence[str], params_file: Path) -> None:
     """Apply `key=value` overrides to params.yaml as `dvc exp run -S` does (Hydra syntax,
     comments kept), but only once the result passes the params schema."""
     if not overrides:
@@ -85,17 +99,21 @@ def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def publish_metrics(stage: str) -> None:
-    """Each of the stage's metrics files as one Prefect table artifact (`rl@ppo`'s is keyed
-    `rl-ppo-metrics`: artifact keys take lowercase letters, digits and dashes only)."""
-    for file in stage_metrics(stage):
-        if file.exists():
-            rows = flatten(json.loads(file.read_text()))
-            create_table_artifact(
-                key=f"{stage.replace('@', '-')}-metrics",
-                table=[{"metric": k, "value": v} for k, v in rows.items()],
-                description=f"{file} after stage {stage}",
-            )
+def publish_metrics(stage: str, root: Path) -> None:
+    """Each of the stage's metrics files, and its timings, as one Prefect table artifact
+    (`rl@ppo`'s are keyed `rl-ppo-metrics` and `rl-ppo-timings`: artifact keys take
+    lowercase letters, digits and dashes only)."""
+    name, _, item = stage.partition("@")
+    files = {"metrics": stage_metrics(stage), "timings": (paths.timings_file(item or name),)}
+    for kind, paths_of_kind in files.items():
+        for file in (root / f for f in paths_of_kind):
+            if file.exists():
+                rows = flatten(json.loads(file.read_text()))
+                create_table_artifact(
+                    key=f"{stage.replace('@', '-')}-{kind}",
+                    table=[{"metric": k, "value": v} for k, v in rows.items()],
+                    description=f"{file} after stage {stage}",
+                )
 
 
 def evaluation_markdown(metrics: dict[str, Any]) -> str:
@@ -114,8 +132,8 @@ def retry_unless_refused(task: object, task_run: TaskRun, state: State) -> bool:
 
 
 @task(task_run_name="{stage}", cache_policy=NO_CACHE, retry_condition_fn=retry_unless_refused)
-def dvc_stage(stage: str) -> State:
-    """`dvc repro --single-item <stage>`, its output streamed into the task's log.
+def dvc_stage(stage: str, workdir: Path) -> State:
+    """`dvc repro --single-item <stage>` in `workdir`, its output streamed into the task's log.
 
     Ends Completed when the stage ran and Completed named "Skipped" when DVC found it up to
     date, so a flow run shows at a glance which stages did work. A stage that reported an
@@ -125,8 +143,9 @@ def dvc_stage(stage: str) -> State:
     command = ["dvc", "repro", "--single-item", stage]
     ran, errors, dvc_errors = False, [], []
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    ) as process:
+        command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        bufsize=1,
+    ) as process:  # fmt: skip
         assert process.stdout is not None
         for line in process.stdout:
             logger.info(line.rstrip())
@@ -140,62 +159,154 @@ def dvc_stage(stage: str) -> State:
     if process.returncode:
         said = f": {dvc_errors[0]}" if dvc_errors else ""
         raise RuntimeError(f"{' '.join(command)} exited with {process.returncode}{said}")
-    publish_metrics(stage)
+    publish_metrics(stage, workdir)
     if ran:
         return Completed(message=f"stage {stage} ran")
     return Completed(name=SKIPPED, message=f"stage {stage} is up to date")
 
 
 @flow(name="rlhf-stage")
-def stage_flow(stage: str, overrides: list[str] | None = None, retries: int = 1) -> State | None:
-    """One pipeline stage: what the `rlhf-stage` deployment runs in a container."""
-    set_params(overrides or [])
-    return run_stage(stage, retries)
+def stage_flow(
+    stage: StageName,
+    overrides: list[str] | None = None,
+    retries: int = 1,
+    workdir: str = ".",
+) -> State | None:
+    """One pipeline stage: what the `rlhf-stage` deployment runs in a GPU container.
+
+    workdir: the DVC repository to run in, relative to the flow's working directory (a
+        scheduled run's own checkout, `.rlhf/runs/<name>`).
+    """
+    directory = Path(workdir)
+    set_params(overrides or [], directory / paths.PARAMS)
+    return run_stage(StageName(stage).value, retries, directory)
 
 
-def run_stage(stage: str, retries: int) -> State | None:
+def run_stage(stage: str, retries: int, workdir: Path) -> State | None:
     """The stage as a task run; None if it completed, else a Failed state with the task's
     message, which a flow returns to end with the stage's error as its own state message."""
     options = dvc_stage.with_options(retries=retries, retry_delay_seconds=10)
-    state = options(stage, return_state=True)
+    state = options(stage, workdir, return_state=True)
     return Failed(name=state.name, message=state.message) if state.is_failed() else None
+
+
+def run_stages(stages: list[str], workdir: Path, run: PipelineRun) -> State | None:
+    """Each stage in order, here or as a run of the stage deployment; the first failure ends
+    the pipeline with the stage's own one-line error as the state's message."""
+    logger = get_run_logger()
+    for stage in stages:
+        if not run.containerized:
+            if failed := run_stage(stage, run.retries, workdir):
+                return failed
+            continue
+        parameters = {"stage": stage, "retries": run.retries, "workdir": str(workdir)}
+        child, state = run_stage_deployment(parameters, run.start_timeout_s, run.stage_timeout_s)
+        if not state.is_completed():
+            return Failed(message=f"stage {stage} (flow run {child.name}): {state.message}")
+        logger.info("stage %s: flow run %s completed", stage, child.name)
+    return None
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """How the pipeline dispatches and waits: the flow's parameters past the target."""
+
+    containerized: bool
+    retries: int
+    start_timeout_s: float
+    stage_timeout_s: float
 
 
 @flow(name="rlhf-pipeline")
 def pipeline(
-    target: str = "evaluate",
+    target: StageName = StageName["evaluate"],
     overrides: list[str] | None = None,
     containerized: bool = False,
+    experiment: bool = False,
     retries: int = 1,
+    wait_for_repository_s: float | None = None,
+    start_timeout_s: float = 900,
+    stage_timeout_s: float = 86400,
 ) -> State | None:
     """Every stage up to `target` in DVC order; the first that fails ends the run.
 
-    overrides: `key=value` params (e.g. `ppo.kl_coef=0.05`), written into params.yaml as
-        `dvc exp run -S` does. retries: per stage; a retried training stage resumes from its
-        last checkpoint. containerized: run each stage as an `rlhf-stage` deployment run.
+    overrides: `key=value` params (e.g. `ppo.kl_coef=0.05`), applied as `dvc exp run -S`
+        does. experiment: pull the code and its DVC outputs, run in a checkout of its own with
+        the overrides, record the result as a DVC experiment named after this flow run and
+        push it; the repository's own files, params.yaml included, are left alone. Without
+        it the overrides are written into params.yaml and the stages run in place.
+    containerized: run each stage as an `rlhf-stage` deployment run; a run no worker starts
+        within `start_timeout_s`, or that runs past `stage_timeout_s`, is cancelled.
+    retries: per stage; a retried training stage resumes from its last checkpoint.
+    wait_for_repository_s: how long to wait while another pipeline run holds this
+        repository (None: until it ends).
     """
+    root = Path.cwd()
+    run = PipelineRun(containerized, retries, start_timeout_s, stage_timeout_s)
+    with one_run_per_repository(root, wait_for_repository_s):
+        if experiment:
+            return experiment_run(root, StageName(target).value, list(overrides or []), run)
+        set_params(list(overrides or []), root / paths.PARAMS)
+        stages = stages_for(StageName(target).value, root)
+        if failed := run_stages(stages, Path("."), run):
+            return failed
+        publish_evaluation(stages, root)
+    return None
+
+
+def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineRun) -> State | None:
+    """A scheduled run: the code pulled, the stages run in a checkout of its own (whose
+    outputs were pulled from the DVC remote first), the outcome saved as an experiment."""
     logger = get_run_logger()
-    overrides = list(overrides or [])
-    stages = stages_for(target)
-    if not containerized:
-        set_params(overrides)
-    for stage in stages:
-        if not containerized:
-            if failed := run_stage(stage, retries):
-                return failed
-            continue
-        child = run_deployment(
-            STAGE_DEPLOYMENT,
-            parameters={"stage": stage, "overrides": overrides, "retries": retries},
-            timeout=None,
-        )
-        if child.state is None or not child.state.is_completed():
-            state = child.state.name if child.state else "unknown"
-            raise RuntimeError(f"stage {stage}: flow run {child.name} ended {state}")
-        logger.info("stage %s: flow run %s completed", stage, child.name)
-    if "evaluate" in stages and paths.EVAL_METRICS.exists():
-        create_markdown_artifact(
-            key="rlhf-evaluation",
-            markdown=evaluation_markdown(json.loads(paths.EVAL_METRICS.read_text())),
-            description="Gold win rates, scores and KL of every policy",
-        )
+    logger.info(pull_code(root))
+    name = experiment_name(get_run_context().flow_run)
+    checkout = checkout_for_run(root, name)
+    try:
+        set_params(overrides, checkout / paths.PARAMS)
+        if has_remote(checkout):
+            pull_inputs(checkout)
+        stages = stages_for(target, checkout)
+        if failed := run_stages(stages, checkout.relative_to(root), run):
+            return failed
+        commit = record_experiment(checkout, name, root)
+        logger.info("experiment %s (%s) recorded in %s", name, commit[:7], root)
+        publish_evaluation(stages, checkout, Experiment(name, commit, head_commit(checkout)))
+    finally:
+        remove_checkout(checkout)
+    return None
+
+
+def experiment_name(flow_run: FlowRun) -> str:
+    """`run-20261124-0200-sly-oriole`: when it started, then the flow run's own name."""
+    started = flow_run.start_time or flow_run.expected_start_time
+    return f"run-{started:%Y%m%d-%H%M}-{flow_run.name}"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    commit: str
+    baseline: str
+
+    def markdown(self) -> list[str]:
+        return [
+            f"Recorded as DVC experiment **{self.name}** (commit `{self.commit[:7]}`, from "
+            f"`{self.baseline[:7]}`): `dvc exp show --rev {self.baseline[:7]}` lists it, "
+            f"`dvc exp apply {self.name}` brings its params and results into a workspace, "
+            f"`dvc exp branch {self.name} <branch>` keeps it.",
+            "",
+        ]
+
+
+def publish_evaluation(stages: list[str], root: Path, experiment: Experiment | None = None):
+    """The evaluation tables as the markdown artifact `rlhf-evaluation`, headed by the
+    experiment that holds them."""
+    metrics_file = root / paths.EVAL_METRICS
+    if "evaluate" not in stages or not metrics_file.exists():
+        return
+    head = experiment.markdown() if experiment else []
+    create_markdown_artifact(
+        key="rlhf-evaluation",
+        markdown="\n".join([*head, evaluation_markdown(json.loads(metrics_file.read_text()))]),
+        description="Gold win rates, scores and KL of every policy",
+    )

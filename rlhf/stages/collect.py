@@ -46,7 +46,7 @@ from rlhf.stages.common import file_digest, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
 from rlhf.stages.folders import HUMAN_LABELER, labeler_path, require_tracked
-from rlhf.stages.outputs import published
+from rlhf.stages.outputs import published, write_timings
 from rlhf.stages.specs import StageSpec
 from rlhf.synthetic.collection import (
     BatchScore,
@@ -121,7 +121,8 @@ def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     train, val, labeling = comparisons_from_samples(
         rows, stage.params.collect, stage.params.seed, score
     )
-    return train, val, {mean_key: round(sum(all_scores) / len(all_scores), 4), **speed, **labeling}
+    write_timings("collect", speed)
+    return train, val, {mean_key: round(sum(all_scores) / len(all_scores), 4), **labeling}
 
 
 def labeling_round(stage: StageRun) -> str:

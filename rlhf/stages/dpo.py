@@ -46,7 +46,6 @@ def summary(history: History) -> dict[str, Any]:
         "val_loss": round(final["val_loss"], 6),
         **{k: round(final[k], 4) for k in ("reward_accuracy", "reward_margin", *LOGPS)},
         **{f"{k}_sft": round(sft[k], 4) for k in LOGPS},
-        "tokens_per_s": history.tokens_per_s,
         "steps": len(history.steps),
     }
 

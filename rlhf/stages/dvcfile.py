@@ -53,6 +53,12 @@ TOP_LEVEL_PLOTS: list[dict[str, Any]] = [
         }
     },
     {
+        "DPO loss per step": {
+            "x": "step",
+            "y": {"metrics/dpo_steps.csv": ["train_loss"]},
+        }
+    },
+    {
         "DPO chosen and rejected log-probs per step": {
             "x": "step",
             "y": {"metrics/dpo_steps.csv": ["chosen_logp", "rejected_logp"]},
@@ -65,6 +71,11 @@ TOP_LEVEL_PLOTS: list[dict[str, Any]] = [
         }
     },
 ]
+
+
+def top_level_plot_files() -> set[str]:
+    """The files the top-level plots draw."""
+    return {file for plot in TOP_LEVEL_PLOTS for spec in plot.values() for file in spec["y"]}
 
 
 def declared_stages() -> dict[str, StageSpec]:
@@ -84,12 +95,15 @@ def stage_entry(
         "deps": [str(p) for p in (*code_closure(spec.module, root), *inputs)],
         "params": list(spec.params),
     }
-    if spec.outs:
-        entry["outs"] = [str(p) for p in spec.outs]
+    # a file a top-level plot draws is a plain output here, or `dvc plots show` draws it twice
+    drawn = [p for p in spec.plots if str(p.path) not in top_level_plot_files()]
+    untracked_plots = [{str(p.path): {"cache": False}} for p in spec.plots if p not in drawn]
+    if spec.outs or untracked_plots:
+        entry["outs"] = [str(p) for p in spec.outs] + untracked_plots
     if spec.metrics:
         entry["metrics"] = [{str(p): {"cache": False}} for p in spec.metrics]
-    if spec.plots:
-        entry["plots"] = [{str(p.path): {"cache": False, "x": p.x, "y": p.y}} for p in spec.plots]
+    if drawn:
+        entry["plots"] = [{str(p.path): {"cache": False, "x": p.x, "y": p.y}} for p in drawn]
     return {"foreach": spec.foreach, "do": entry} if spec.foreach else entry
 
 

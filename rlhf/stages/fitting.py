@@ -13,7 +13,7 @@ from rlhf.params import OptimParams
 from rlhf.stages import paths
 from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
-from rlhf.stages.outputs import published
+from rlhf.stages.outputs import published, write_timings
 from rlhf.train import loop
 
 
@@ -59,11 +59,13 @@ def publish(
     stage: StageRun, payload: dict[str, Any], history: loop.History, metrics: dict[str, Any]
 ) -> None:
     """Write a trained stage's outputs, all together, and only then drop its resume state:
-    a crash in between resumes and rewrites rather than retraining from scratch."""
+    a crash in between resumes and rewrites rather than retraining from scratch. Its speed
+    goes to its timings file, outside the outputs."""
     name = stage.spec.name
     with published(stage.spec) as out:
         checkpoint.save(out[paths.model_file(name)], payload)
         write_csv(out[paths.steps_file(name)], history.steps)
         write_csv(out[paths.epochs_file(name)], history.epochs)
         write_json(out[paths.metrics_file(name)], metrics)
+    write_timings(name, {"tokens_per_s": history.tokens_per_s})
     stage.spec.resume_file.unlink(missing_ok=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
-from rlhf.atomic import Publication, publication, remove_stale
+from rlhf.atomic import Publication, publication, remove_stale, write_csv, write_json
 from rlhf.errors import OutputError
+from rlhf.stages import paths
 from rlhf.stages.specs import StageSpec
 
 
@@ -31,3 +33,18 @@ def published(spec: StageSpec) -> Iterator[Publication]:
         missing = sorted(str(p) for p in set(spec.outputs) - staged.targets)
         if missing:
             raise OutputError(f"stage {spec.address} wrote no {', '.join(missing)}")
+
+
+def write_timings(
+    stage: str, summary: dict[str, Any], steps: list[dict[str, Any]] | None = None
+) -> None:
+    """How fast the stage ran, to `timings/<stage>.json` (and per step to
+    `timings/<stage>_steps.csv`), outside every DVC output.
+
+    A rerun with the same params and seed reproduces every output byte for byte except its
+    speed: were timings in the metrics files, each identical rerun would change their hashes
+    in dvc.lock and lead `dvc metrics diff` with throughput "changes".
+    """
+    write_json(paths.timings_file(stage), summary)
+    if steps:
+        write_csv(paths.timing_steps_file(stage), steps)

@@ -27,6 +27,10 @@ METRICS = Path("metrics")
 REPORTS = Path("reports")
 REPORT = REPORTS / "eval.md"
 
+# Throughput and wall time: neither DVC outputs nor in git, since no rerun reproduces them
+# (outputs.write_timings).
+TIMINGS = Path("timings")
+
 # Resume state lives outside every stage's outs: DVC deletes outs before rerunning a stage.
 RESUME = Path(".rlhf/resume")
 
@@ -37,6 +41,14 @@ def model_file(stage: str) -> Path:
 
 def metrics_file(stage: str) -> Path:
     return METRICS / f"{stage}.json"
+
+
+def timings_file(stage: str) -> Path:
+    return TIMINGS / f"{stage}.json"
+
+
+def timing_steps_file(stage: str) -> Path:
+    return TIMINGS / f"{stage}_steps.csv"
 
 
 def steps_file(stage: str) -> Path:

@@ -36,13 +36,15 @@ from rlhf.stages import paths
 from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
-from rlhf.stages.outputs import published
+from rlhf.stages.outputs import published, write_timings
 from rlhf.stages.specs import ITEM, Plot, StageSpec
 from rlhf.train.guard import NonFiniteError
 
 RESUME_KEYS = ("trainer", "history", "samples")
 SAMPLES_LOGGED = 4  # answers of a rollout written to samples.jsonl when samples are due
-SECONDS = ("rollout", "scoring", "update")  # the phases whose time the metrics add up
+SECONDS = ("rollout", "scoring", "update")  # the phases whose time the timings add up
+# columns of the trainer's per-step rows that measure speed: to the timings, not the outputs
+TIMING_COLUMNS = ("rollout_tokens_per_s", "update_tokens_per_s", *(f"{k}_s" for k in SECONDS))
 
 SPEC = StageSpec(
     "rl",
@@ -119,21 +121,27 @@ def logged_samples(step: int, experience: Experience) -> list[dict[str, Any]]:
     ]
 
 
+def mean(rows: list[dict[str, float]], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows)
+
+
 def summary(history: list[dict[str, float]], trainer: RLTrainer) -> dict[str, Any]:
-    """The run's final score and KL (the last iterations, smoothed), throughput and time."""
+    """The run's final score and KL (the last iterations, smoothed)."""
     last = history[-min(len(history), 5) :]
-
-    def mean(rows: list[dict[str, float]], key: str) -> float:
-        return sum(r[key] for r in rows) / len(rows)
-
     return {
         "score": round(mean(last, "score"), 4),
         "kl": round(mean(last, "kl"), 4),
         "steps": trainer.step,
+        "beta": round(trainer.kl_ctl.beta, 6),
+    }
+
+
+def timings(history: list[dict[str, float]]) -> dict[str, Any]:
+    """Throughput of rollouts and updates, and the time each phase took in all."""
+    return {
         "rollout_tokens_per_s": round(mean(history, "rollout_tokens_per_s")),
         "update_tokens_per_s": round(mean(history, "update_tokens_per_s")),
         **{f"seconds_{k}": round(sum(r[f"{k}_s"] for r in history), 1) for k in SECONDS},
-        "beta": round(trainer.kl_ctl.beta, 6),
     }
 
 
@@ -197,16 +205,19 @@ def publish(
     metrics: dict[str, Any],
 ) -> None:
     """Write every output, all together, and only then drop the resume state and the
-    snapshot staging folder."""
+    snapshot staging folder; the speed of each step goes to the timings."""
     algorithm, staging = stage.spec.item, snapshot_staging(stage)
     assert algorithm is not None
+    steps = [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in history]
     with published(stage.spec) as out:
         checkpoint.save(out[paths.model_file(algorithm)], policy_payload(stage, trainer))
         shutil.copytree(staging, out[paths.snapshots_dir(algorithm)])
-        write_csv(out[paths.steps_file(algorithm)], history)
+        write_csv(out[paths.steps_file(algorithm)], steps)
         lines = "".join(json.dumps(s) + "\n" for s in samples)
         write_text(out[paths.samples_file(algorithm)], lines)
         write_json(out[paths.metrics_file(algorithm)], metrics)
+    step_timings = [{"step": r["step"], **{k: r[k] for k in TIMING_COLUMNS}} for r in history]
+    write_timings(algorithm, timings(history), step_timings)
     stage.spec.resume_file.unlink(missing_ok=True)
     shutil.rmtree(staging)
 
@@ -229,7 +240,7 @@ def run(algorithm: str) -> dict[str, Any]:
     stage.log(
         f"gold sampled {metrics['gold_sampled']} (SFT {metrics['gold_sampled_sft']}), win rate "
         f"vs SFT by {rates}, KL to SFT {metrics['kl_to_sft']}, score "
-        f"{metrics['score']}, {metrics['rollout_tokens_per_s']} rollout tokens/s"
+        f"{metrics['score']}, {timings(history)['rollout_tokens_per_s']} rollout tokens/s"
     )
     return metrics
 

@@ -83,7 +83,6 @@ def run() -> dict[str, Any]:
         "val_loss": round(history.epochs[-1]["val_loss"], 6),
         "reward_shift": round(shift, 6),
         "reward_std": round(std, 6),
-        "tokens_per_s": history.tokens_per_s,
         "steps": len(history.steps),
     }
     payload = stage.payload(model, kind="reward", pooling=cfg.pooling, reward_std=std)

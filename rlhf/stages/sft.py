@@ -97,7 +97,6 @@ def run() -> dict[str, Any]:
         "gold_greedy_untrained": untrained and untrained["mean"],
         "gold_greedy_by_task": greedy and greedy["by_task"],
         "gold_sampled_by_task": sampled and sampled["by_task"],
-        "tokens_per_s": history.tokens_per_s,
         "steps": len(history.steps),
         "params": model.num_params(),
         "truncated": truncated,
@@ -106,7 +105,7 @@ def run() -> dict[str, Any]:
     stage.log(
         f"val loss {metrics['val_loss']}, gold greedy {metrics['gold_greedy']} (untrained "
         f"{metrics['gold_greedy_untrained']}), sampled {metrics['gold_sampled']}, "
-        f"{metrics['tokens_per_s']} tokens/s"
+        f"{history.tokens_per_s} tokens/s"
     )
     return metrics
 

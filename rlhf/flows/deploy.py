@@ -1,0 +1,94 @@
+"""`rlhf deploy`: the Docker work pool from the shipped template, then `prefect deploy`.
+
+A Docker pool created with `prefect work-pool create --type docker` gets whatever template
+the installed prefect-docker ships, without the GPU request or the entrypoint this image
+needs; so the pool is created (or brought up to date) from `docker-work-pool.json` first.
+`prefect deploy` runs every build and push step in prefect.yaml; where the image is built by
+hand (`docker build`) they are dropped from the copy of prefect.yaml handed to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import yaml
+from prefect import get_client
+from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+from prefect.exceptions import ObjectNotFound
+
+PREFECT_FILE = Path("prefect.yaml")
+POOL_TEMPLATE = Path("docker-work-pool.json")
+STAGED_PREFECT_FILE = Path(".rlhf") / "prefect.yaml"  # prefect.yaml as this deploy uses it
+DOCKER = "docker"
+
+
+def deployment_env(root: Path) -> dict[str, str]:
+    """The environment `prefect deploy` resolves prefect.yaml's `{{ $VAR }}` from, with this
+    repository's defaults for the variables the user did not set."""
+    defaults = {
+        "RLHF_REPOSITORY": str(root.resolve()),
+        "RLHF_STORAGE": str((root / ".." / "rlhf-pipeline-storage").resolve()),
+        "RLHF_IMAGE_NAME": "rlhf-pipeline",
+        "RLHF_IMAGE_TAG": "latest",
+    }
+    return defaults | dict(os.environ)
+
+
+def staged_prefect_file(root: Path, build: bool, push: bool) -> Path:
+    """prefect.yaml without the build or push steps this deploy skips."""
+    config = yaml.safe_load((root / PREFECT_FILE).read_text())
+    if not build:
+        config["build"] = None
+    if not push:
+        config["push"] = None
+    staged = root / STAGED_PREFECT_FILE
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    staged.write_text(yaml.safe_dump(config, sort_keys=False))
+    return staged
+
+
+def docker_pools(root: Path, names: list[str] | None) -> set[str]:
+    """The pools the selected deployments run on, where a pool of that name does not exist
+    yet or is a Docker pool: those get the shipped template."""
+    config = yaml.safe_load((root / PREFECT_FILE).read_text())
+    pools = {
+        d["work_pool"]["name"] for d in config["deployments"] if names is None or d["name"] in names
+    }
+    wanted = set()
+    with get_client(sync_client=True) as client:
+        for pool in pools:
+            try:
+                existing = client.read_work_pool(pool)
+            except ObjectNotFound:
+                wanted.add(pool)
+                continue
+            if existing.type == DOCKER:
+                wanted.add(pool)
+    return wanted
+
+
+def create_docker_pool(name: str, template: dict) -> None:
+    """Create Docker work pool `name` with `template`, or give an existing one that template."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            client.create_work_pool(
+                WorkPoolCreate(name=name, type=DOCKER, base_job_template=template)
+            )
+            return
+        client.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
+
+
+def deploy(root: Path, names: list[str] | None, build: bool, push: bool) -> int:
+    """Create the Docker pools, then register the deployments; `prefect deploy`'s status."""
+    template = json.loads((root / POOL_TEMPLATE).read_text())
+    for pool in sorted(docker_pools(root, names)):
+        create_docker_pool(pool, template)
+    selected = [f"--name={n}" for n in names] if names else ["--all"]
+    staged = staged_prefect_file(root, build, push)
+    command = ["prefect", "--no-prompt", "deploy", "--prefect-file", str(staged), *selected]
+    return subprocess.call(command, cwd=root, env=deployment_env(root))
