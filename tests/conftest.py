@@ -179,12 +179,19 @@ def sh(args: list[str], cwd: Path) -> str:
     return done.stdout
 
 
+def use_repository_dvc_config(project: Path) -> None:
+    """The repository's own DVC config in `project`: its default remote and the offline
+    template `dvc plots show` fills in."""
+    for name in ("config", "offline-plots.html"):
+        shutil.copy(REPO / ".dvc" / name, project / ".dvc" / name)
+
+
 def shared_project(trained: Path, directory: Path) -> Path:
     """A copy of the trained project as a team shares it: the repository's DVC config (its
     default local remote, `rlhf-pipeline-storage` beside the project), everything committed
     to git and every output pushed to that remote."""
     shutil.copytree(trained, directory, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / ".dvc" / "config", directory / ".dvc" / "config")
+    use_repository_dvc_config(directory)
     sh(["git", "add", "-A"], directory)
     sh(["git", "commit", "-q", "-m", "trained on the tiny config"], directory)
     sh(["dvc", "push", "-q"], directory)

@@ -1,0 +1,44 @@
+"""`dvc plots show` offline: the repository's DVC config points the page at a template with the
+plotting JavaScript inlined, so the page loads nothing from a CDN, and every plot renders."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO, sh, use_repository_dvc_config
+
+TEMPLATE = REPO / ".dvc" / "offline-plots.html"
+
+
+@pytest.fixture(scope="module")
+def plots_page(trained_project, tmp_path_factory) -> str:
+    project = tmp_path_factory.mktemp("plots") / "p"
+    shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
+    use_repository_dvc_config(project)
+    sh(["dvc", "plots", "show", "--out", "dvc_plots"], project)
+    return (project / "dvc_plots" / "index.html").read_text()
+
+
+def test_the_page_loads_no_script_from_the_network(plots_page):
+    assert "plots.html_template" in TEMPLATE.read_text()  # says what it is for
+    assert not re.search(r"<script[^>]*\bsrc=|<link\b", plots_page)
+    assert plots_page.count("vegaEmbed('#") == 10  # one call per plot
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's code")
+def test_every_plot_renders_with_the_inlined_javascript(plots_page, tmp_path):
+    bundle = TEMPLATE.read_text().split("<script>", 1)[1].split("</script>", 1)[0]
+    (tmp_path / "bundle.js").write_text(bundle)
+    specs = re.findall(r"var spec = (.*?);\s*vegaEmbed", plots_page, flags=re.S)
+    (tmp_path / "specs.json").write_text("[" + ",".join(specs) + "]")
+    rendered = subprocess.run(
+        ["node", str(REPO / "tests" / "render_plots.js"), "bundle.js", "specs.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    paths = json.loads(rendered.stdout)
+    assert len(paths) == len(specs) == 10
+    assert min(paths) > 10  # axes, ticks and the curves themselves in every plot
