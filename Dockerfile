@@ -59,12 +59,13 @@ RUN pip install --no-deps -c constraints.txt . \
     && rlhf --help > /dev/null
 
 FROM ${BASE_IMAGE} AS runtime
-# git: DVC reads the mounted repository. tini, as PID 1, passes signals on (`docker stop`
-# reaches the pipeline) and reaps the processes DVC and Prefect leave; no `docker run --init`
-# needed. Versions follow the base image's release.
+# git: DVC reads the mounted repository; openssh-client lets a scheduled run fetch from an SSH
+# remote (mount the keys). tini, as PID 1, passes signals on to the whole process group (-g:
+# `docker stop` reaches DVC and the training process, not only `rlhf`) and reaps the processes
+# DVC and Prefect leave; no `docker run --init` needed. Versions follow the base image's release.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git tini \
+    && apt-get install -y --no-install-recommends git openssh-client tini \
     && rm -rf /var/lib/apt/lists/*
 
 # Files written to the mounted repository belong to UID:GID; build with
@@ -91,5 +92,5 @@ COPY --from=builder /opt/venv /opt/venv
 
 USER ${UID}:${GID}
 WORKDIR /workspace
-ENTRYPOINT ["/usr/bin/tini", "--", "rlhf"]
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "rlhf"]
 CMD ["--help"]

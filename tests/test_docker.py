@@ -257,7 +257,7 @@ def test_image_runs_rlhf_under_tini_as_a_non_root_user_in_the_mounted_repo():
     apt = next(args for keyword, args in final if keyword == "RUN" and "apt-get" in args)
     assert re.search(r"apt-get install -y --no-install-recommends( \S+)* tini\b", apt)
     entrypoint = [json.loads(args) for keyword, args in final if keyword == "ENTRYPOINT"]
-    assert entrypoint == [["/usr/bin/tini", "--", "rlhf"]]
+    assert entrypoint == [["/usr/bin/tini", "-g", "--", "rlhf"]]  # signals to the group
     assert [json.loads(args) for keyword, args in final if keyword == "CMD"] == [["--help"]]
     assert [args for keyword, args in final if keyword == "WORKDIR"][-1] == "/workspace"
     env = env_values(final)

@@ -200,7 +200,8 @@ def test_pipeline_deployment_schedule_and_parameters_come_from_prefect_yaml(work
     ]
     assert deployment.parameters == {
         "target": "evaluate", "overrides": [], "containerized": True, "experiment": True,
-        "retries": 1, "start_timeout_s": 900, "stage_timeout_s": 86400,
+        "retries": 1, "wait_for_repository_s": 43200, "start_timeout_s": 900,
+        "stage_timeout_s": 86400,
     }  # fmt: skip
     assert deployment.entrypoint == "rlhf/flows/pipeline.py:pipeline"
     schema = stage.parameter_openapi_schema
@@ -255,7 +256,7 @@ def test_a_stage_no_worker_starts_fails_the_pipeline_within_its_start_timeout(wo
         with get_client(sync_client=True) as client:
             client.update_work_pool(TEST_POOL, WorkPoolUpdate(is_paused=False))
     assert state.is_failed()
-    assert "no worker started flow run" in state.message
+    assert f"stayed Scheduled for 3 s: no worker of pool {TEST_POOL} took it" in state.message
     assert f"prefect worker start --pool {TEST_POOL}" in state.message
 
 
@@ -298,10 +299,12 @@ def child_stage_states(parent_id) -> dict[str, str]:
 
 
 def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, upstream):
-    """The nightly run on the GPU host's clone: the code it pulls (a commit pushed upstream
+    """The nightly run on the GPU host's clone: the code it fetches (a commit pushed upstream
     after the clone), its outputs pulled from the remote so that only what the change and
     the override touch runs, the result recorded as an experiment and pushed; the host's
-    params.yaml untouched; and a run started meanwhile waits for it."""
+    branch and params.yaml untouched; and a run started meanwhile waits for it."""
+    host_head = sh(["git", "rev-parse", "HEAD"], worker).strip()
+    host_params = (worker / "params.yaml").read_text()
     params = yaml.safe_load((upstream / "params.yaml").read_text())
     params["evaluate"]["bootstrap_resamples"] = 100
     (upstream / "params.yaml").write_text(yaml.safe_dump(params))
@@ -316,11 +319,8 @@ def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, 
     (took, released), (took_2, released_2) = held(first.id), held(second.id)
     assert released <= took_2 or released_2 <= took  # one after the other
 
-    head = sh(["git", "rev-parse", "HEAD"], worker).strip()
-    assert head == sh(["git", "rev-parse", "HEAD"], upstream).strip()  # the code was pulled
-    host_params = yaml.safe_load((worker / "params.yaml").read_text())
-    assert host_params["evaluate"]["bootstrap_resamples"] == 100
-    assert host_params["ppo"]["kl_coef"] == params["ppo"]["kl_coef"] != 0.3
+    assert sh(["git", "rev-parse", "HEAD"], worker).strip() == host_head  # the branch stays
+    assert (worker / "params.yaml").read_text() == host_params  # and the person's files
     ran = {"rl@ppo", "evaluate"}
     assert child_stage_states(first.id) == {
         s: "Completed" if s in ran else SKIPPED for s in ALL_STAGES
@@ -331,6 +331,8 @@ def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, 
     experiments = dict(line.split(" ")[::-1] for line in refs.splitlines())
     (ref,) = [r for r in experiments if r.endswith(f"-{first.name}")]
     commit = experiments[ref]
+    baseline = sh(["git", "rev-parse", f"{commit}^"], worker).strip()
+    assert baseline == sh(["git", "rev-parse", "HEAD"], upstream).strip()  # the fetched code
     recorded = yaml.safe_load(sh(["git", "show", f"{commit}:params.yaml"], worker))
     assert recorded["ppo"]["kl_coef"] == 0.3 and recorded["evaluate"]["bootstrap_resamples"] == 100
     lock = yaml.safe_load(sh(["git", "show", f"{commit}:dvc.lock"], worker))

@@ -60,7 +60,7 @@ def test_the_shipped_docker_pool_gives_a_stage_container_its_gpus(prefect_server
         ("nvidia", 2, [["gpu"]])
     ]
     assert container["image"] == "rlhf-pipeline:latest"
-    assert container["entrypoint"] == ["/usr/bin/tini", "--"]  # not the image's `rlhf`
+    assert container["entrypoint"] == ["/usr/bin/tini", "-g", "--"]  # not the image's `rlhf`
     assert container["command"] == "prefect flow-run execute"
     assert container["environment"]["PREFECT_API_URL"] == prefect_server
     assert container["environment"]["PREFECT__FLOW_RUN_ID"] == str(two_gpus.id)

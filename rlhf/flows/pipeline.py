@@ -39,16 +39,20 @@ from rlhf.eval.report import policies_table, win_rates_table
 from rlhf.flows.dispatch import run_stage_deployment
 from rlhf.flows.lock import one_run_per_repository
 from rlhf.flows.repository import (
+    RepositoryError,
     checkout_for_run,
+    commit_to_run,
     has_remote,
     head_commit,
-    pull_code,
     pull_inputs,
+    push_outputs,
     record_experiment,
     remove_checkout,
+    sweep_checkouts,
+    valid_experiment_name,
 )
 from rlhf.flows.stage_names import StageName
-from rlhf.params import parse_params
+from rlhf.params import ParamsError, parse_params
 from rlhf.stages import paths
 from rlhf.stages.dvcfile import declared_stages
 from rlhf.stages.entry import ERROR_PREFIX
@@ -63,7 +67,10 @@ def stages_for(target: str, root: Path) -> list[str]:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         by_name = {stage.name: stage for stage in graph}
         if target not in by_name:
-            raise ValueError(f"unknown stage {target!r}; dvc.yaml has {', '.join(by_name)}")
+            raise ParamsError(
+                f"stage {target!r} is not in {root / 'dvc.yaml'}, which has "
+                f"{', '.join(by_name)}; an RL stage runs for the algorithms in rl_algorithms"
+            )
         needed = {target} | {s.name for s in nx.descendants(graph, by_name[target])}
         order = [s.name for s in reversed(list(nx.topological_sort(graph)))]
     return [name for name in order if name in needed]
@@ -255,18 +262,25 @@ def pipeline(
 
 
 def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineRun) -> State | None:
-    """A scheduled run: the code pulled, the stages run in a checkout of its own (whose
-    outputs were pulled from the DVC remote first), the outcome saved as an experiment."""
+    """A scheduled run: the code fetched, the stages run in a checkout of its own (whose
+    outputs were pulled from the DVC remote first), the outcome pushed and saved as an
+    experiment. A run that fails still pushes what its finished stages made, so the next
+    one does not make it again."""
     logger = get_run_logger()
-    logger.info(pull_code(root))
-    name = experiment_name(get_run_context().flow_run)
-    checkout = checkout_for_run(root, name)
+    name = valid_experiment_name(experiment_name(get_run_context().flow_run), root)
+    commit, fetched = commit_to_run(root)
+    logger.info("%s: running %s as experiment %s", fetched, commit[:7], name)
+    sweep_checkouts(root)
+    checkout = checkout_for_run(root, name, commit)
     try:
         set_params(overrides, checkout / paths.PARAMS)
-        if has_remote(checkout):
+        remote = has_remote(checkout)
+        if remote:
             pull_inputs(checkout)
         stages = stages_for(target, checkout)
         if failed := run_stages(stages, checkout.relative_to(root), run):
+            if remote:
+                push_what_finished(checkout)
             return failed
         commit = record_experiment(checkout, name, root)
         logger.info("experiment %s (%s) recorded in %s", name, commit[:7], root)
@@ -274,6 +288,13 @@ def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineR
     finally:
         remove_checkout(checkout)
     return None
+
+
+def push_what_finished(checkout: Path) -> None:
+    try:
+        push_outputs(checkout)
+    except RepositoryError as error:  # the run's own failure is the one to report
+        get_run_logger().warning("outputs of the finished stages were not pushed: %s", error)
 
 
 def experiment_name(flow_run: FlowRun) -> str:
