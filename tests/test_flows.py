@@ -23,6 +23,7 @@ from prefect.workers.process import ProcessWorker
 from typer.testing import CliRunner
 
 from rlhf.cli import app
+from rlhf.flows.dispatch import run_stage_deployment
 from rlhf.flows.lock import HOLDING, RELEASED
 from rlhf.flows.pipeline import REFUSED, SKIPPED, pipeline, stage_flow
 from rlhf.flows.stage_names import stage_names
@@ -258,6 +259,16 @@ def test_a_stage_no_worker_starts_fails_the_pipeline_within_its_start_timeout(wo
     assert state.is_failed()
     assert f"stayed Scheduled for 3 s: no worker of pool {TEST_POOL} took it" in state.message
     assert f"prefect worker start --pool {TEST_POOL}" in state.message
+
+
+def test_a_stage_past_its_limit_is_cancelled_and_waited_for(worker):
+    child, state = run_stage_deployment(
+        {"stage": "sft", "retries": 0, "workdir": "."}, start_timeout_s=120, timeout_s=1
+    )
+    assert state.is_failed()
+    assert state.message.endswith("past its 1 s limit and was cancelled; it ended Cancelled")
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(child.id).state.name == "Cancelled"  # not still running
 
 
 def flow_run_logs(flow_run_id) -> list:
