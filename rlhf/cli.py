@@ -23,7 +23,7 @@ from rlhf.errors import CheckpointError, OutputError, PipelineError
 from rlhf.params import RL_ALGORITHMS, describe
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
-from rlhf.stages.entry import DEBUG_ENV, report_errors
+from rlhf.stages.entry import DEBUG_ENV, print_error, report_errors
 
 # results (tables of answers, scores, params) go to stdout, for pipes; logs, progress and
 # errors go to stderr (`rlhf.stages.common.console`)
@@ -219,7 +219,7 @@ def run_pipeline(
         return_state=True,
     )
     if not state.is_completed():
-        console.print(f"[red]error:[/red] rlhf-pipeline ended {state.name}: {state.message}")
+        print_error(f"rlhf-pipeline ended {state.name}: {state.message}")
         raise typer.Exit(1)
 
 

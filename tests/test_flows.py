@@ -367,3 +367,11 @@ def test_cli_run_goes_through_the_flow_and_reports_failure(in_project):
     failed = CliRunner().invoke(app, ["run", "--target", "prepare", "-S", "data.n_train=-5"])
     assert failed.exit_code == 1
     assert "data.n_train" in failed.output
+
+
+def test_cli_experiment_run_needs_a_commit_to_run(in_project):
+    """`rlhf run --experiment` runs a commit; a project with none is one line, not a trace."""
+    failed = CliRunner().invoke(app, ["run", "--experiment", "--target", "prepare"])
+    assert failed.exit_code == 1
+    assert "has no commit yet: commit the project first" in failed.output
+    assert "Traceback" not in failed.output

@@ -35,6 +35,7 @@ from prefect.client.schemas.objects import FlowRun, TaskRun
 from prefect.context import get_run_context
 from prefect.states import Completed, Failed, State
 
+from rlhf.errors import PipelineError
 from rlhf.eval.report import policies_table, win_rates_table
 from rlhf.flows.dispatch import run_stage_deployment
 from rlhf.flows.lock import one_run_per_repository
@@ -250,14 +251,17 @@ def pipeline(
     """
     root = Path.cwd()
     run = PipelineRun(containerized, retries, start_timeout_s, stage_timeout_s)
-    with one_run_per_repository(root, wait_for_repository_s):
-        if experiment:
-            return experiment_run(root, StageName(target).value, list(overrides or []), run)
-        set_params(list(overrides or []), root / paths.PARAMS)
-        stages = stages_for(StageName(target).value, root)
-        if failed := run_stages(stages, Path("."), run):
-            return failed
-        publish_evaluation(stages, root)
+    try:
+        with one_run_per_repository(root, wait_for_repository_s):
+            if experiment:
+                return experiment_run(root, StageName(target).value, list(overrides or []), run)
+            set_params(list(overrides or []), root / paths.PARAMS)
+            stages = stages_for(StageName(target).value, root)
+            if failed := run_stages(stages, Path("."), run):
+                return failed
+            publish_evaluation(stages, root)
+    except PipelineError as error:  # bad params, a git or DVC step, a busy repository
+        return Failed(name=REFUSED, message=str(error))
     return None
 
 
