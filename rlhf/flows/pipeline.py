@@ -8,7 +8,7 @@ when params.yaml does, so Prefect would cache what DVC knows to be stale.
 Locally (`containerized=False`) the stages run in this process, one after the other. In
 production (`containerized=True`) each stage is a run of the `rlhf-stage` deployment, which a
 Docker worker executes in this project's image on a GPU host (`dispatch.py`). A scheduled run
-(`experiment=True`) pulls the code and the DVC outputs, runs in a checkout of its own and
+(`experiment=True`) fetches the code, pulls the DVC outputs, runs in a checkout of its own and
 records the outcome as a DVC experiment (`repository.py`). Whatever starts it, one pipeline
 run at a time holds a repository (`lock.py`).
 """
@@ -239,11 +239,11 @@ def pipeline(
     """Every stage up to `target` in DVC order; the first that fails ends the run.
 
     overrides: `key=value` params (e.g. `ppo.kl_coef=0.05`), applied as `dvc exp run -S`
-        does. experiment: pull the code and its DVC outputs, run in a checkout of its own with
+        does. experiment: fetch the code, pull its DVC outputs, run in a checkout of its own with
         the overrides, record the result as a DVC experiment named after this flow run and
         push it; the repository's own files, params.yaml included, are left alone. Without
         it the overrides are written into params.yaml and the stages run in place.
-    containerized: run each stage as an `rlhf-stage` deployment run; a run no worker starts
+    containerized: run each stage as an `rlhf-stage` deployment run; a run no worker takes
         within `start_timeout_s`, or that runs past `stage_timeout_s`, is cancelled.
     retries: per stage; a retried training stage resumes from its last checkpoint.
     wait_for_repository_s: how long to wait while another pipeline run holds this
