@@ -199,8 +199,8 @@ def run_pipeline(
     experiment: Annotated[
         bool,
         typer.Option(
-            help="As the nightly deployment runs: pull the code and DVC outputs, run in a "
-            "checkout of its own, record a DVC experiment and push it; params.yaml stays as is."
+            help="As the nightly deployment runs: fetch the code, pull its DVC outputs, run in "
+            "a checkout of its own, record a DVC experiment and push it; params.yaml stays as is."
         ),
     ] = False,
     retries: Annotated[int, typer.Option(min=0, help="Retries per stage; training resumes.")] = 1,

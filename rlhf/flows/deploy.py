@@ -37,58 +37,41 @@ def deployment_env(root: Path) -> dict[str, str]:
     return defaults | dict(os.environ)
 
 
-def staged_prefect_file(root: Path, build: bool, push: bool) -> Path:
+def staged_prefect_file(root: Path, config: dict, build: bool, push: bool) -> Path:
     """prefect.yaml without the build or push steps this deploy skips."""
-    config = yaml.safe_load((root / PREFECT_FILE).read_text())
-    if not build:
-        config["build"] = None
-    if not push:
-        config["push"] = None
+    staged_config = config | {
+        "build": config["build"] if build else None,
+        "push": config["push"] if push else None,
+    }
     staged = root / STAGED_PREFECT_FILE
     staged.parent.mkdir(parents=True, exist_ok=True)
-    staged.write_text(yaml.safe_dump(config, sort_keys=False))
+    staged.write_text(yaml.safe_dump(staged_config, sort_keys=False))
     return staged
 
 
-def docker_pools(root: Path, names: list[str] | None) -> set[str]:
-    """The pools the selected deployments run on, where a pool of that name does not exist
-    yet or is a Docker pool: those get the shipped template."""
-    config = yaml.safe_load((root / PREFECT_FILE).read_text())
-    pools = {
-        d["work_pool"]["name"] for d in config["deployments"] if names is None or d["name"] in names
-    }
-    wanted = set()
+def give_docker_pools_the_template(pools: set[str], template: dict) -> None:
+    """Create each pool that does not exist yet as a Docker pool with `template`, and give
+    an existing Docker pool that template; a pool of another type is left as it is."""
     with get_client(sync_client=True) as client:
-        for pool in pools:
+        for pool in sorted(pools):
             try:
                 existing = client.read_work_pool(pool)
             except ObjectNotFound:
-                wanted.add(pool)
+                client.create_work_pool(
+                    WorkPoolCreate(name=pool, type=DOCKER, base_job_template=template)
+                )
                 continue
             if existing.type == DOCKER:
-                wanted.add(pool)
-    return wanted
-
-
-def create_docker_pool(name: str, template: dict) -> None:
-    """Create Docker work pool `name` with `template`, or give an existing one that template."""
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_work_pool(name)
-        except ObjectNotFound:
-            client.create_work_pool(
-                WorkPoolCreate(name=name, type=DOCKER, base_job_template=template)
-            )
-            return
-        client.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
+                client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
 
 
 def deploy(root: Path, names: list[str] | None, build: bool, push: bool) -> int:
     """Create the Docker pools, then register the deployments; `prefect deploy`'s status."""
+    config = yaml.safe_load((root / PREFECT_FILE).read_text())
+    deployments = [d for d in config["deployments"] if names is None or d["name"] in names]
     template = json.loads((root / POOL_TEMPLATE).read_text())
-    for pool in sorted(docker_pools(root, names)):
-        create_docker_pool(pool, template)
+    give_docker_pools_the_template({d["work_pool"]["name"] for d in deployments}, template)
     selected = [f"--name={n}" for n in names] if names else ["--all"]
-    staged = staged_prefect_file(root, build, push)
+    staged = staged_prefect_file(root, config, build, push)
     command = ["prefect", "--no-prompt", "deploy", "--prefect-file", str(staged), *selected]
     return subprocess.call(command, cwd=root, env=deployment_env(root))

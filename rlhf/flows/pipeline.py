@@ -44,7 +44,6 @@ from rlhf.flows.repository import (
     checkout_for_run,
     commit_to_run,
     has_remote,
-    head_commit,
     pull_inputs,
     push_outputs,
     record_experiment,
@@ -251,12 +250,13 @@ def pipeline(
     """
     root = Path.cwd()
     run = PipelineRun(containerized, retries, start_timeout_s, stage_timeout_s)
+    last_stage, changes = StageName(target).value, list(overrides or [])
     try:
         with one_run_per_repository(root, wait_for_repository_s):
             if experiment:
-                return experiment_run(root, StageName(target).value, list(overrides or []), run)
-            set_params(list(overrides or []), root / paths.PARAMS)
-            stages = stages_for(StageName(target).value, root)
+                return experiment_run(root, last_stage, changes, run)
+            set_params(changes, root / paths.PARAMS)
+            stages = stages_for(last_stage, root)
             if failed := run_stages(stages, Path("."), run):
                 return failed
             publish_evaluation(stages, root)
@@ -272,10 +272,10 @@ def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineR
     one does not make it again."""
     logger = get_run_logger()
     name = valid_experiment_name(experiment_name(get_run_context().flow_run), root)
-    commit, fetched = commit_to_run(root)
-    logger.info("%s: running %s as experiment %s", fetched, commit[:7], name)
+    baseline, fetched = commit_to_run(root)
+    logger.info("%s: running %s as experiment %s", fetched, baseline[:7], name)
     sweep_checkouts(root)
-    checkout = checkout_for_run(root, name, commit)
+    checkout = checkout_for_run(root, name, baseline)
     try:
         set_params(overrides, checkout / paths.PARAMS)
         remote = has_remote(checkout)
@@ -286,9 +286,11 @@ def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineR
             if remote:
                 push_what_finished(checkout)
             return failed
-        commit = record_experiment(checkout, name, root)
-        logger.info("experiment %s (%s) recorded in %s", name, commit[:7], root)
-        publish_evaluation(stages, checkout, Experiment(name, commit, head_commit(checkout)))
+        if remote:
+            push_outputs(checkout)
+        recorded = record_experiment(checkout, name, root)
+        logger.info("experiment %s (%s) recorded in %s", name, recorded[:7], root)
+        publish_evaluation(stages, checkout, Experiment(name, recorded, baseline))
     finally:
         remove_checkout(checkout)
     return None

@@ -144,21 +144,15 @@ def untracked_outputs(checkout: Path) -> list[str]:
     """Outputs DVC leaves to git (`cache: false`) that git does not track yet:
     `dvc exp save` keeps them only when named."""
     with Repo(str(checkout)) as repo:
-        kept_by_git = [str(out.fs_path) for out in repo.index.outs if not out.use_cache]
+        kept_by_git = [os.path.relpath(out.fs_path, checkout) for out in repo.index.outs
+                       if not out.use_cache]  # fmt: skip
     tracked = set(run_command(["git", "ls-files", "--full-name"], checkout).split())
-    return [
-        os.path.relpath(path, checkout)
-        for path in kept_by_git
-        if os.path.relpath(path, checkout) not in tracked and os.path.exists(path)
-    ]
+    return [path for path in kept_by_git if path not in tracked and (checkout / path).exists()]
 
 
 def record_experiment(checkout: Path, name: str, root: Path) -> str:
-    """Push the checkout's outputs to the DVC remote (if one is configured), save its state
-    as DVC experiment `name` and push the experiment's git ref to the repository; returns
-    the experiment's commit."""
-    if has_remote(checkout):
-        push_outputs(checkout)
+    """Save the checkout's state as DVC experiment `name` and push the experiment's git ref
+    to the repository; returns the experiment's commit."""
     named = [arg for path in untracked_outputs(checkout) for arg in ("--include-untracked", path)]
     run_command(["dvc", "exp", "save", "--quiet", "--force", "--name", name, *named], checkout)
     run_command(["dvc", "exp", "push", "--no-cache", "--force", "origin", name], checkout)

@@ -96,10 +96,11 @@ def stage_entry(
         "params": list(spec.params),
     }
     # a file a top-level plot draws is a plain output here, or `dvc plots show` draws it twice
-    drawn = [p for p in spec.plots if str(p.path) not in top_level_plot_files()]
-    untracked_plots = [{str(p.path): {"cache": False}} for p in spec.plots if p not in drawn]
-    if spec.outs or untracked_plots:
-        entry["outs"] = [str(p) for p in spec.outs] + untracked_plots
+    titled = top_level_plot_files()
+    drawn = [p for p in spec.plots if str(p.path) not in titled]
+    plain = [{str(p.path): {"cache": False}} for p in spec.plots if str(p.path) in titled]
+    if spec.outs or plain:
+        entry["outs"] = [str(p) for p in spec.outs] + plain
     if spec.metrics:
         entry["metrics"] = [{str(p): {"cache": False}} for p in spec.metrics]
     if drawn:
