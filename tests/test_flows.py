@@ -277,11 +277,17 @@ def flow_run_logs(flow_run_id) -> list:
         return client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
 
 
-def held(flow_run_id) -> tuple[float, float]:
-    """When the run took and released the repository, from its own log lines."""
-    logs = {log.message.split(": ", 1)[1].split(" ")[0]: log.timestamp.timestamp()
-            for log in flow_run_logs(flow_run_id) if ": " in log.message}  # fmt: skip
-    return logs[HOLDING], logs[RELEASED]
+def held(flow_run_id, timeout_s: float = 60) -> tuple[float, float]:
+    """When the run took and released the repository, from its own log lines. The worker's
+    flow-run process sends its logs from a background thread, so the last lines can reach
+    the server after the run's Completed state: poll until both are there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = {log.message.split(": ", 1)[1].split(" ")[0]: log.timestamp.timestamp()
+                for log in flow_run_logs(flow_run_id) if ": " in log.message}  # fmt: skip
+        if {HOLDING, RELEASED} <= logs.keys() or time.monotonic() > deadline:
+            return logs[HOLDING], logs[RELEASED]
+        time.sleep(1)
 
 
 def wait_for(flow_run_ids, timeout_s: float) -> list:
