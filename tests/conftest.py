@@ -128,9 +128,17 @@ def kill_at_first_save(project: Path, module: str, resume: Path, *args: str) -> 
     return resume
 
 
+def curves(project: Path, name: str) -> dict[str, bytes]:
+    """The training curves stage `name` published: metric -> its dvclive TSV, as bytes."""
+    folder = project / "dvclive" / name / "plots" / "metrics"
+    return {str(p.relative_to(folder))[: -len(".tsv")]: p.read_bytes() for p in folder.rglob("*")
+            if p.is_file()}  # fmt: skip
+
+
 def assert_resume_matches(project: Path, trained: Path, stage: str, resume: Path) -> None:
     """Rerun a killed `stage` in `project`: it must resume where it was killed, end with the
-    metrics of the uninterrupted run in `trained` and delete its resume state."""
+    metrics and training curves of the uninterrupted run in `trained` (each step once, none
+    twice from before the kill) and delete its resume state and live curves."""
     killed_at = checkpoint.load(resume)["step"]
     assert killed_at > 0
     rerun = run_module(f"rlhf.stages.{stage}", project)
@@ -139,7 +147,8 @@ def assert_resume_matches(project: Path, trained: Path, stage: str, resume: Path
         json.loads((p / "metrics" / f"{stage}.json").read_text()) for p in (project, trained)
     )
     assert resumed == uninterrupted
-    assert not resume.exists()
+    assert curves(project, stage) == curves(trained, stage)
+    assert not resume.exists() and not (project / ".rlhf" / "live" / stage).exists()
 
 
 def clean_env() -> dict[str, str]:

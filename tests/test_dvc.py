@@ -244,14 +244,17 @@ def test_an_identical_rerun_changes_no_metric_and_no_lock_entry(trained_project,
 
 def test_each_plot_file_is_drawn_once(dvc_project):
     """A file a top-level plot draws is no stage's plot too: `dvc plots show` draws every
-    curve once, titled."""
+    curve once, titled, and each dvclive curve of each trained stage once under its path."""
     stage_plots = [
         next(iter(plot))
         for stage in stage_definitions(shipped_dvc_yaml()).values()
         for plot in stage.get("plots", [])
     ]
     assert len(stage_plots) == len(set(stage_plots))
-    assert not set(stage_plots) & dvcfile.top_level_plot_files()
-    shown = set(json.loads(sh(["dvc", "plots", "show", "--json"], dvc_project))["data"])
-    assert {title for plot in dvcfile.TOP_LEVEL_PLOTS for title in plot} <= shown
-    assert not shown & dvcfile.top_level_plot_files()  # drawn under their titles only
+    titled = dvcfile.top_level_plot_files()
+    assert not [f for f in titled for p in stage_plots if f == p or f.startswith(f"{p}/")]
+    shown = json.loads(sh(["dvc", "plots", "show", "--json"], dvc_project))["data"]
+    titles = {title for plot in dvcfile.TOP_LEVEL_PLOTS for title in plot}
+    curves = {str(p.relative_to(dvc_project)) for p in dvc_project.glob("dvclive/**/*.tsv")}
+    assert len(curves) > 40 and "dvclive/rm/plots/metrics/epoch/val_loss.tsv" in curves
+    assert set(shown) == titles | curves  # the titled files drawn under their titles only

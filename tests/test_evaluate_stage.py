@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from rlhf.cli import app
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows, write_rows
 from rlhf.eval import plots
+from rlhf.train.curves import read_curve
 
 from conftest import clean_env, make_project, run_module, write_params
 
@@ -112,7 +113,7 @@ def test_report_shows_tables_figures_and_answers(trained_project):
 
 def test_run_returns_the_headline_numbers(trained_project, tmp_path, monkeypatch):
     project = make_project(tmp_path / "p")
-    for part in ("data", "artifacts", "metrics"):
+    for part in ("data", "artifacts", "metrics", "dvclive"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     monkeypatch.chdir(project)
     from rlhf.stages import evaluate
@@ -128,7 +129,7 @@ def test_run_returns_the_headline_numbers(trained_project, tmp_path, monkeypatch
 
 def test_a_failed_report_leaves_the_previous_outputs(trained_project, tmp_path, monkeypatch):
     project = make_project(tmp_path / "p")
-    for part in ("data", "artifacts", "metrics", "reports"):
+    for part in ("data", "artifacts", "metrics", "dvclive", "reports"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     before = {
         path: path.read_bytes()
@@ -155,7 +156,7 @@ def test_prompts_without_a_gold_judge_are_judged_by_the_others(trained_project, 
     win rates with intervals, each under its own name."""
     judges = ["gold", "rm", "rule:contains_number"]
     project = make_project(tmp_path / "p", {"evaluate.judges": judges})
-    for part in ("data", "artifacts", "metrics"):
+    for part in ("data", "artifacts", "metrics", "dvclive"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     heldout = project / "data/prepared/prompts_heldout.parquet"
     rows = [{**r, "source": "files"} for r in read_rows(heldout, PROMPT_SCHEMA)]
@@ -203,7 +204,7 @@ def test_the_evaluation_follows_rl_algorithms(trained_project, tmp_path):
     DPO; others are not, even when an old folder of theirs lies in artifacts/."""
     reinforce = {"steps": 4, "batch_size": 8, "minibatch_size": 4, "lr": 0.001}
     project = make_project(tmp_path / "p", {"rl_algorithms": ["reinforce"], "reinforce": reinforce})
-    for part in ("data", "metrics", "artifacts"):
+    for part in ("data", "metrics", "artifacts", "dvclive"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     run_module("rlhf.stages.rl", project, "reinforce")
     run_module("rlhf.stages.evaluate", project)
@@ -215,5 +216,7 @@ def test_the_evaluation_follows_rl_algorithms(trained_project, tmp_path):
         "dpo_vs_reinforce",
     }
     assert metrics["kl_to_sft"]["reinforce"] > 0
-    with open(project / "metrics" / "reinforce_steps.csv") as handle:
-        assert {row["update_epochs_run"] for row in csv.DictReader(handle)} == {"1"}  # one pass
+    passes = read_curve(
+        project / "dvclive" / "reinforce" / "plots" / "metrics", "update_epochs_run"
+    )
+    assert {value for _, value in passes} == {1}  # one pass

@@ -232,6 +232,9 @@ def test_unwritable_metrics_leave_every_output_of_the_stage_as_it_was(trained_pr
     )  # fmt: skip
     assert result.returncode == 2
     one_error_line(result.stderr, "metrics/rm", "cannot write there")
+    live = project / ".rlhf" / "live" / "rm" / "plots" / "metrics"
+    assert (live / "train_loss.tsv").is_file()  # the failed run's curves, kept to look at
+    shutil.rmtree(project / ".rlhf" / "live")
     assert tree(project) == before
 
 

@@ -116,9 +116,7 @@ def test_figures_are_written_as_png(tmp_path):
         "grpo": curve((0.6, -0.2), (0.65, 0.1))["ppo"]
     }
     plots.overoptimization_curve(tmp_path / "o.png", curves)
-    steps = [{"step": s, "epoch": 1 + s // 5, "train_loss": 1 / s, "score": s, "kl": s} for s in
-             range(1, 11)]  # fmt: skip
-    epochs = [{"epoch": 1, "val_loss": 0.5}, {"epoch": 2, "val_loss": 0.4}]
-    plots.training_curves(tmp_path / "c.png", {"SFT": (steps, epochs), "DPO": (steps, epochs)})
+    train, val = [(s, 1 / s) for s in range(1, 11)], [(5, 0.5), (10, 0.4)]
+    plots.training_curves(tmp_path / "c.png", {"SFT": (train, val), "DPO": (train, val)})
     for name in ("w", "t", "o", "c"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG

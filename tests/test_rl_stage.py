@@ -21,8 +21,9 @@ from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT
 from rlhf.params import RL_ALGORITHMS, CriticParams, DataParams, Params, ParamsError, RLParams
 from rlhf.synthetic.datasets import synthetic_sets
+from rlhf.train.curves import read_curve
 
-from conftest import kill_at_first_save, make_project, run_module
+from conftest import curves, kill_at_first_save, make_project, run_module
 
 RL_KEYS = {"score", "kl", "steps", "gold_sampled", "win_rate_vs_sft"}
 STEP_COLUMNS = {
@@ -41,9 +42,8 @@ def rl_metrics(project, algorithm="ppo"):
     return json.loads((project / "metrics" / f"{algorithm}.json").read_text())
 
 
-def rl_steps(project, algorithm="ppo"):
-    with open(project / "metrics" / f"{algorithm}_steps.csv") as f:
-        return list(csv.DictReader(f))
+def rl_curve(project, metric, algorithm="ppo"):
+    return read_curve(project / "dvclive" / algorithm / "plots" / "metrics", metric)
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
@@ -54,17 +54,17 @@ def test_each_algorithm_writes_its_own_outputs(trained_project, algorithm):
     for judge, rate in metrics["win_rate_vs_sft"].items():  # by gold and by its reward source
         ci = metrics["win_rate_vs_sft_ci95"][judge]
         assert 0.0 <= ci["low"] <= rate <= ci["high"] <= 1.0
-    steps = rl_steps(trained_project, algorithm)
-    assert [int(r["step"]) for r in steps] == [1, 2, 3, 4]
+    logged = set(curves(trained_project, algorithm))  # one dvclive TSV per statistic
+    assert [step for step, _ in rl_curve(trained_project, "score", algorithm)] == [1, 2, 3, 4]
     critic = CRITIC_COLUMNS if algorithm == "ppo" else {"kl_loss"}
-    assert set(steps[0]) >= STEP_COLUMNS | critic
-    assert not set(steps[0]) & TIMING and not set(metrics) & TIMING_SUMMARY
+    assert logged >= STEP_COLUMNS | critic
+    assert not logged & TIMING and not set(metrics) & TIMING_SUMMARY
     timings = json.loads((trained_project / "timings" / f"{algorithm}.json").read_text())
     assert set(timings) == TIMING_SUMMARY and timings["rollout_tokens_per_s"] > 0
     with open(trained_project / "timings" / f"{algorithm}_steps.csv") as f:
         timed = list(csv.DictReader(f))
     assert [int(r["step"]) for r in timed] == [1, 2, 3, 4] and set(timed[0]) == {"step"} | TIMING
-    assert (algorithm == "ppo") == ("ptx_loss" in steps[0])  # ptx_coef is set for ppo only
+    assert (algorithm == "ppo") == ("ptx_loss" in logged)  # ptx_coef is set for ppo only
     folder = trained_project / "artifacts" / algorithm
     samples = (folder / "samples.jsonl").read_text().splitlines()
     assert {json.loads(s)["step"] for s in samples} == {1, 2, 4}
@@ -96,7 +96,8 @@ def test_killed_ppo_resumes_and_matches_an_uninterrupted_run(trained_project, tm
     rerun = run_module("rlhf.stages.rl", project, "ppo")
     assert f"resuming from iteration {killed_at}" in rerun.stderr
     assert rl_metrics(project) == rl_metrics(trained_project)
-    assert rl_steps(project) == rl_steps(trained_project)
+    assert curves(project, "ppo") == curves(trained_project, "ppo")  # each iteration once
+    assert not (project / ".rlhf" / "live" / "ppo").exists()
     # the snapshot taken before the kill is published, identical to the uninterrupted one
     snapshot = "artifacts/ppo/snapshots/step_00002.pt"
     resumed_weights = checkpoint.load(project / snapshot)["model"]

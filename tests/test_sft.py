@@ -5,9 +5,11 @@ import torch
 
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.models import checkpoint
+from rlhf.train.curves import read_curve
 
 from conftest import (
     assert_resume_matches,
+    curves,
     kill_at_first_save,
     make_project,
     run_module,
@@ -27,16 +29,20 @@ def test_sft_learns_and_reports_the_contract_metrics(trained_project):
     assert "tokens_per_s" not in metrics  # a rerun would change it: kept in timings/
     timings = json.loads((trained_project / "timings" / "sft.json").read_text())
     assert timings["tokens_per_s"] > 0
-    epochs = (trained_project / "metrics" / "sft_epochs.csv").read_text().splitlines()
-    assert epochs[0] == "epoch,train_loss,val_loss"
-    val = [float(line.split(",")[2]) for line in epochs[1:]]
+    folder = trained_project / "dvclive" / "sft" / "plots" / "metrics"
+    assert set(curves(trained_project, "sft")) == {
+        "lr", "train_loss", "epoch/train_loss", "epoch/val_loss"
+    }  # fmt: skip
+    val = [value for _, value in read_curve(folder, "epoch/val_loss")]
     assert val[-1] < val[0] < 5.0  # validation loss falls over training
     assert metrics["gold_greedy"] > metrics["gold_greedy_untrained"] + 0.1
     assert set(metrics["gold_greedy_by_task"]) == {
         "greet", "add", "capital", "repeat", "refuse", "uppercase"
     }  # fmt: skip
-    steps = (trained_project / "metrics" / "sft_steps.csv").read_text().splitlines()
-    assert steps[0] == "step,epoch,lr,train_loss" and len(steps) == metrics["steps"] + 1
+    steps = [step for step, _ in read_curve(folder, "train_loss")]
+    assert steps == list(range(1, metrics["steps"] + 1))
+    epoch_ends = [step for step, _ in read_curve(folder, "epoch/val_loss")]
+    assert epoch_ends[-1] == metrics["steps"] and len(epoch_ends) == len(val)
 
 
 def test_checkpoint_loads_weights_only_with_identity(trained_project):

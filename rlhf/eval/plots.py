@@ -23,6 +23,7 @@ POLICY_COLORS = {
     "grpo": "tab:red",
 }
 Rows = Sequence[Mapping[str, str | float]]
+Curve = Sequence[tuple[int, float]]  # (step, value) points
 
 
 def _color(policy: str) -> str:
@@ -46,25 +47,25 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _loss_panel(ax: Axes, steps: Rows, epochs: Rows, title: str, ylabel: str) -> None:
+def _loss_panel(ax: Axes, train: Curve, val: Curve, title: str, ylabel: str) -> None:
     """Per-step training loss (raw and smoothed) with the validation loss at each epoch's end."""
-    x, loss = _column(steps, "step"), _column(steps, "train_loss")
+    x, loss = [step for step, _ in train], [value for _, value in train]
     ax.plot(x, loss, color="tab:blue", alpha=0.25, linewidth=0.8)
     ax.plot(x, _smooth(loss, max(1, len(loss) // 25)), color="tab:blue", label="train (smoothed)")
-    last_step = {int(r["epoch"]): float(r["step"]) for r in steps}
-    epoch_x = [last_step[int(r["epoch"])] for r in epochs]
-    ax.plot(epoch_x, _column(epochs, "val_loss"), "o-", color="tab:red", label="validation")
+    ax.plot([step for step, _ in val], [value for _, value in val], "o-", color="tab:red",
+            label="validation")  # fmt: skip
     ax.set(title=title, xlabel="optimizer step", ylabel=ylabel)
     ax.legend()
     ax.grid(alpha=0.3)
 
 
-def training_curves(path: Path, losses: Mapping[str, tuple[Rows, Rows]]) -> None:
-    """One loss panel per trained stage: {title: (per-step rows, per-epoch rows)}."""
+def training_curves(path: Path, losses: Mapping[str, tuple[Curve, Curve]]) -> None:
+    """One loss panel per trained stage: {title: (training loss per step, validation loss at
+    each epoch's last step)}."""
     fig = Figure(figsize=(5.5 * len(losses), 4), layout="constrained")
     axes = fig.subplots(1, len(losses), squeeze=False)[0]
-    for ax, (title, (steps, epochs)) in zip(axes, losses.items(), strict=True):
-        _loss_panel(ax, steps, epochs, title, "training loss")
+    for ax, (title, (train, val)) in zip(axes, losses.items(), strict=True):
+        _loss_panel(ax, train, val, title, "training loss")
     _save(fig, path)
 
 

@@ -232,10 +232,11 @@ def write(
     rates: Mapping[str, Mapping[str, WinRate]],
     curves: Mapping[str, Rows],
     examples: Sequence[Mapping[str, Any]],
-    losses: Mapping[str, tuple[Rows, Rows]],
+    losses: Mapping[str, tuple[plots.Curve, plots.Curve]],
 ) -> None:
     """The report into a new `directory`: eval.md and the figures the data allows.
-    `losses`: {stage title: (per-step rows, per-epoch rows)} for the training-curve panels."""
+    `losses`: {stage title: (training loss per step, validation loss per epoch)} for the
+    training-curve panels."""
     (directory / "figures").mkdir(parents=True)
     figures: dict[str, str] = {}  # caption -> path relative to the report
 

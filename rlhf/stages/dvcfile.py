@@ -20,7 +20,7 @@ from rlhf.params import load_params
 from rlhf.stages import paths
 from rlhf.stages.folders import create_labels_folder, tracked_folders
 from rlhf.stages.imports import SOURCE_ROOT, code_closure
-from rlhf.stages.specs import ITEM, StageSpec
+from rlhf.stages.specs import ITEM, Plot, StageSpec
 
 DVC_FILE = Path("dvc.yaml")
 # every stage module, in pipeline order; each declares its SPEC
@@ -41,7 +41,8 @@ HEADER = """\
 # deps are every project module it imports plus the data it reads, and its params exactly the
 # groups it reads, so `dvc repro` reruns a stage when, and only when, one of those changed.
 """
-# dvc.yaml's top-level plots, drawn by `dvc plots show`
+# dvc.yaml's top-level plots, drawn by `dvc plots show` beside the stages' own: the training
+# curves are each trained stage's dvclive folder, every metric a plot of its own
 TOP_LEVEL_PLOTS: list[dict[str, Any]] = [
     {
         "Over-optimization, gold and reward-model score against KL to SFT": {
@@ -50,24 +51,6 @@ TOP_LEVEL_PLOTS: list[dict[str, Any]] = [
             "x_label": "KL to the SFT policy (nats per answer)",
             "y_label": "score (gold 0-1, RM in std units)",
             "y": {"metrics/eval_overoptimization.csv": ["gold_score", "rm_score"]},
-        }
-    },
-    {
-        "DPO loss per step": {
-            "x": "step",
-            "y": {"metrics/dpo_steps.csv": ["train_loss"]},
-        }
-    },
-    {
-        "DPO chosen and rejected log-probs per step": {
-            "x": "step",
-            "y": {"metrics/dpo_steps.csv": ["chosen_logp", "rejected_logp"]},
-        }
-    },
-    {
-        "SFT loss per epoch": {
-            "x": "epoch",
-            "y": {"metrics/sft_epochs.csv": ["train_loss", "val_loss"]},
         }
     },
 ]
@@ -82,6 +65,12 @@ def declared_stages() -> dict[str, StageSpec]:
     """Every stage's declaration, by dvc.yaml name, in pipeline order."""
     specs = [importlib.import_module(module).SPEC for module in STAGE_MODULES]
     return {spec.name: spec for spec in specs}
+
+
+def plot_entry(plot: Plot) -> dict[str, Any]:
+    """A stage plot's dvc.yaml properties; a folder without `y` draws each file's last
+    column (a dvclive TSV's metric) against `x`."""
+    return {"cache": False, "x": plot.x} | ({"y": plot.y} if plot.y else {})
 
 
 def stage_entry(
@@ -104,7 +93,7 @@ def stage_entry(
     if spec.metrics:
         entry["metrics"] = [{str(p): {"cache": False}} for p in spec.metrics]
     if drawn:
-        entry["plots"] = [{str(p.path): {"cache": False, "x": p.x, "y": p.y}} for p in drawn]
+        entry["plots"] = [{str(p.path): plot_entry(p)} for p in drawn]
     return {"foreach": spec.foreach, "do": entry} if spec.foreach else entry
 
 

@@ -14,10 +14,8 @@ headline numbers as a flat dict for the Prefect flow to publish.
 
 from __future__ import annotations
 
-import csv
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rlhf.algorithms.scorers import RewardModelScorer, Scorer, make_scorer
@@ -40,6 +38,7 @@ from rlhf.stages.folders import named_path, require_tracked
 from rlhf.stages.outputs import published
 from rlhf.stages.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
+from rlhf.train.curves import read_curve
 
 TRAINING_CURVES = {"SFT": "sft", "Reward model": "rm", "DPO": "dpo"}  # report title -> stage
 SPEC = StageSpec(
@@ -51,17 +50,12 @@ SPEC = StageSpec(
     inputs=(
         paths.PROMPTS_HELDOUT,
         paths.ARTIFACTS,
-        *(f(s) for s in TRAINING_CURVES.values() for f in (paths.steps_file, paths.epochs_file)),
+        *(paths.curves_folder(s) for s in TRAINING_CURVES.values()),
     ),
     outs=(paths.REPORTS,),
     metrics=(paths.EVAL_METRICS,),
     plots=(Plot(paths.EVAL_CURVE, "kl_to_sft", "gold_score"),),
 )
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def evaluate_all(
@@ -151,8 +145,8 @@ def run() -> dict[str, float]:
         **summarize(answers, rates, greedy_rates),
     }
     losses = {
-        title: (read_csv(paths.steps_file(name)), read_csv(paths.epochs_file(name)))
-        for title, name in TRAINING_CURVES.items()
+        title: (read_curve(folder, "train_loss"), read_curve(folder, "epoch/val_loss"))
+        for title, folder in ((t, paths.curves_folder(s)) for t, s in TRAINING_CURVES.items())
     }
     with published(SPEC) as out:
         report.write(

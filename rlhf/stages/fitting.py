@@ -1,12 +1,13 @@
 """What a stage trained by the shared loop adds to the skeleton: the loop with this stage's
-seed, device, resume file and fingerprint and a progress bar, and publishing its outputs."""
+seed, device, resume file and fingerprint, a progress bar and a curve log, and publishing its
+outputs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlhf.atomic import write_csv, write_json
+from rlhf.atomic import write_json
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
@@ -14,7 +15,9 @@ from rlhf.stages import paths
 from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.outputs import published, write_timings
+from rlhf.stages.trained import finish, stage_curves
 from rlhf.train import loop
+from rlhf.train.curves import curve_log
 
 
 def fit(
@@ -31,8 +34,9 @@ def fit(
     status: Callable[[float], str] = lambda loss: f"loss {loss:.3f}",
     dropout: bool = True,
 ) -> loop.History:
-    """`rlhf.train.loop.fit` for this stage, with a progress bar showing `status(loss)`."""
-    with progress() as bar:
+    """`rlhf.train.loop.fit` for this stage, with a progress bar showing `status(loss)` and
+    each step's point logged to the stage's training curves."""
+    with progress() as bar, curve_log(stage.spec.live_folder) as curves:
         task = bar.add_task(stage.spec.address, total=None, extra="")
         return loop.fit(
             model,
@@ -50,6 +54,7 @@ def fit(
             on_step=lambda step, total, loss: bar.update(
                 task, completed=step, total=total, extra=status(loss)
             ),
+            on_point=curves.log,
             log=stage.log,
             dropout=dropout,
         )
@@ -58,14 +63,13 @@ def fit(
 def publish(
     stage: StageRun, payload: dict[str, Any], history: loop.History, metrics: dict[str, Any]
 ) -> None:
-    """Write a trained stage's outputs, all together, and only then drop its resume state:
-    a crash in between resumes and rewrites rather than retraining from scratch. Its speed
-    goes to its timings file, outside the outputs."""
+    """Write a trained stage's outputs, all together, and only then drop its resume state
+    and live curves: a crash in between resumes and rewrites rather than retraining from
+    scratch. Its speed goes to its timings file, outside the outputs."""
     name = stage.spec.name
     with published(stage.spec) as out:
         checkpoint.save(out[paths.model_file(name)], payload)
-        write_csv(out[paths.steps_file(name)], history.steps)
-        write_csv(out[paths.epochs_file(name)], history.epochs)
+        stage_curves(out, stage.spec)
         write_json(out[paths.metrics_file(name)], metrics)
     write_timings(name, {"tokens_per_s": history.tokens_per_s})
-    stage.spec.resume_file.unlink(missing_ok=True)
+    finish(stage.spec)

@@ -1,7 +1,7 @@
 """Where every stage reads and writes, relative to the DVC repository root.
 
-A trained stage NAME writes `artifacts/NAME/model.pt` and `metrics/NAME.json` (with
-`metrics/NAME_steps.csv` and, per epoch, `metrics/NAME_epochs.csv`); an RL stage is named
+A trained stage NAME writes `artifacts/NAME/model.pt`, `metrics/NAME.json` and its training
+curves, one dvclive TSV per metric in `dvclive/NAME/plots/metrics/`; an RL stage is named
 after its algorithm. `specs.py` says which stage reads and writes which of these.
 """
 
@@ -33,6 +33,9 @@ TIMINGS = Path("timings")
 
 # Resume state lives outside every stage's outs: DVC deletes outs before rerunning a stage.
 RESUME = Path(".rlhf/resume")
+# Where a stage's curve log writes while it trains; published with its other outputs at the
+# end, so a failed or killed run leaves the last published curves as they were.
+LIVE = Path(".rlhf/live")
 
 
 def model_file(stage: str) -> Path:
@@ -51,12 +54,9 @@ def timing_steps_file(stage: str) -> Path:
     return TIMINGS / f"{stage}_steps.csv"
 
 
-def steps_file(stage: str) -> Path:
-    return METRICS / f"{stage}_steps.csv"
-
-
-def epochs_file(stage: str) -> Path:
-    return METRICS / f"{stage}_epochs.csv"
+def curves_folder(stage: str) -> Path:
+    """The stage's published training curves: `train_loss.tsv`, `epoch/val_loss.tsv`, ..."""
+    return Path("dvclive") / stage / "plots" / "metrics"  # rlhf.train.curves.METRICS_FOLDER
 
 
 def samples_file(algorithm: str) -> Path:

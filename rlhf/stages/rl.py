@@ -3,7 +3,8 @@
 `python -m rlhf.stages.rl ppo` (dvc.yaml runs `rl@NAME` for every name in `rl_algorithms`).
 The algorithm's params group (`ppo`, `grpo`, ...) says how it optimizes; the `rl` group what
 every algorithm shares. Outputs: `artifacts/NAME/` (model, sampled answers, snapshots for the
-over-optimization curve), `metrics/NAME.json`, `metrics/NAME_steps.csv`.
+over-optimization curve), `metrics/NAME.json`, and each iteration's statistics as training
+curves in `dvclive/NAME/`.
 
 Resume state (policy, critic, optimizers, KL coefficient, step, RNGs, history) is saved every
 `rl.save_every` iterations; a killed run started again continues from there and, on CPU,
@@ -26,7 +27,7 @@ from typing import Any
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import Experience, RLTrainer
 from rlhf.algorithms.scorers import make_scorer
-from rlhf.atomic import remove_stale_in, write_csv, write_json, write_text
+from rlhf.atomic import remove_stale_in, write_json, write_text
 from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.policies import versus_reference
@@ -38,6 +39,8 @@ from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
 from rlhf.stages.outputs import published, write_timings
 from rlhf.stages.specs import ITEM, Plot, StageSpec
+from rlhf.stages.trained import finish, stage_curves
+from rlhf.train.curves import curve_log
 from rlhf.train.guard import NonFiniteError
 
 RESUME_KEYS = ("trainer", "history", "samples")
@@ -60,7 +63,7 @@ SPEC = StageSpec(
     ),
     outs=(paths.model_file(ITEM), paths.samples_file(ITEM), paths.snapshots_dir(ITEM)),
     metrics=(paths.metrics_file(ITEM),),
-    plots=(Plot(paths.steps_file(ITEM), "step", "score"),),
+    plots=(Plot(paths.curves_folder(ITEM), "step"),),
     foreach="${rl_algorithms}",
 )
 
@@ -121,6 +124,12 @@ def logged_samples(step: int, experience: Experience) -> list[dict[str, Any]]:
     ]
 
 
+def curve_point(stats: dict[str, float]) -> tuple[int, dict[str, float]]:
+    """An iteration's point of the training curves: its statistics but their speed."""
+    values = {k: v for k, v in stats.items() if k != "step" and k not in TIMING_COLUMNS}
+    return int(stats["step"]), values
+
+
 def mean(rows: list[dict[str, float]], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
@@ -156,8 +165,8 @@ def policy_payload(stage: StageRun, trainer: RLTrainer) -> dict[str, Any]:
 
 
 def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], list[dict]]:
-    """Iterate to `steps`, resuming from saved state, logging samples and taking snapshots;
-    returns the per-iteration statistics and the logged samples."""
+    """Iterate to `steps`, resuming from saved state, logging samples, curves and taking
+    snapshots; returns the per-iteration statistics and the logged samples."""
     shared, steps, staging = stage.params.rl, trainer.cfg.steps, snapshot_staging(stage)
     fingerprint, resume = stage.fingerprint(), stage.spec.resume_file
     history: list[dict[str, float]] = []
@@ -171,7 +180,9 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
     staging.mkdir(parents=True, exist_ok=True)
     remove_stale_in(staging)  # a snapshot half-written when the last run was killed
     saved = trainer.step
-    with progress() as bar:
+    with progress() as bar, curve_log(stage.spec.live_folder) as curves:
+        for stats in history:  # a fresh curve log holds the restored iterations too
+            curves.log(*curve_point(stats))
         task = bar.add_task(stage.spec.address, total=steps, completed=trainer.step, extra="")
         while trainer.step < steps:
             try:
@@ -180,6 +191,7 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                 exc.last_good = f"{resume} (iteration {saved})" if saved else exc.last_good
                 raise
             history.append(stats)
+            curves.log(*curve_point(stats))
             step, more = trainer.step, trainer.step < steps
             if step % shared.log_samples_every == 0 or step == 1:
                 samples += logged_samples(step, experience)
@@ -204,21 +216,20 @@ def publish(
     samples: list[dict[str, Any]],
     metrics: dict[str, Any],
 ) -> None:
-    """Write every output, all together, and only then drop the resume state and the
-    snapshot staging folder; the speed of each step goes to the timings."""
+    """Write every output, all together, and only then drop the resume state, the live
+    curves and the snapshot staging folder; the speed of each step goes to the timings."""
     algorithm, staging = stage.spec.item, snapshot_staging(stage)
     assert algorithm is not None
-    steps = [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in history]
     with published(stage.spec) as out:
         checkpoint.save(out[paths.model_file(algorithm)], policy_payload(stage, trainer))
         shutil.copytree(staging, out[paths.snapshots_dir(algorithm)])
-        write_csv(out[paths.steps_file(algorithm)], steps)
+        stage_curves(out, stage.spec)
         lines = "".join(json.dumps(s) + "\n" for s in samples)
         write_text(out[paths.samples_file(algorithm)], lines)
         write_json(out[paths.metrics_file(algorithm)], metrics)
     step_timings = [{"step": r["step"], **{k: r[k] for k in TIMING_COLUMNS}} for r in history]
     write_timings(algorithm, timings(history), step_timings)
-    stage.spec.resume_file.unlink(missing_ok=True)
+    finish(stage.spec)
     shutil.rmtree(staging)
 
 

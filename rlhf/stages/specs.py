@@ -20,9 +20,9 @@ ITEM = "${item}"  # DVC's placeholder for the element of a foreach stage
 
 @dataclass(frozen=True)
 class Plot:
-    path: Path
+    path: Path  # a file, or a folder of files each drawn as its own plot
     x: str
-    y: str
+    y: str | None = None  # None: each file's last column
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,18 @@ class StageSpec:
         return (*self.outs, *self.metrics, *(p.path for p in self.plots))
 
     @property
+    def filed_as(self) -> str:
+        """The name its outputs go under: the stage's, or an RL stage's algorithm."""
+        return self.item or self.name
+
+    @property
     def resume_file(self) -> Path:
-        return paths.RESUME / f"{self.item or self.name}.pt"
+        return paths.RESUME / f"{self.filed_as}.pt"
+
+    @property
+    def live_folder(self) -> Path:
+        """Where its curve log writes while it trains (`rlhf.train.curves`)."""
+        return paths.LIVE / self.filed_as
 
     def filled(self, item: str | None) -> StageSpec:
         """This stage as it runs: for a foreach stage, element `item` with every `${item}`
@@ -72,15 +82,12 @@ class StageSpec:
 
 
 def trained_outputs(name: str) -> dict[str, tuple]:
-    """Outputs of a stage trained by the shared loop: model, metrics, per-step and per-epoch
-    loss curves (StageSpec keyword arguments)."""
+    """Outputs of a stage trained by the shared loop: model, metrics and training curves
+    (StageSpec keyword arguments)."""
     return {
         "outs": (paths.model_file(name),),
         "metrics": (paths.metrics_file(name),),
-        "plots": (
-            Plot(paths.steps_file(name), "step", "train_loss"),
-            Plot(paths.epochs_file(name), "epoch", "val_loss"),
-        ),
+        "plots": (Plot(paths.curves_folder(name), "step"),),
     }
 
 

@@ -28,6 +28,8 @@ RESUME_KEYS = ("model", "optimizer", "rng", "step", "steps", "epochs", "extra")
 
 # (example indices) -> (loss, tokens processed)
 BatchLoss = Callable[[list[int]], tuple[Tensor, int]]
+# (step, metric name -> value): one step's point of the training curves
+OnPoint = Callable[[int, dict[str, float]], None]
 
 
 @dataclass
@@ -42,6 +44,23 @@ class History:
     @property
     def tokens_per_s(self) -> float | None:
         return round(self.tokens / self.seconds) if self.seconds else None
+
+
+def curve_points(
+    steps: list[dict[str, float]], epochs: list[dict[str, float]]
+) -> list[tuple[int, dict[str, float]]]:
+    """The training curves' point at each of `steps`: the step's row and, at the last step of
+    an epoch, that epoch's row under `epoch/` (so `epoch/val_loss` is plotted against steps,
+    beside the per-step `train_loss`)."""
+    last_step = {row["epoch"]: row["step"] for row in steps}
+    ended = {last_step[e["epoch"]]: e for e in epochs if e["epoch"] in last_step}
+    points = []
+    for row in steps:
+        point = {k: v for k, v in row.items() if k not in ("step", "epoch")}
+        if (epoch := ended.get(row["step"])) is not None:
+            point |= {f"epoch/{k}": v for k, v in epoch.items() if k != "epoch"}
+        points.append((int(row["step"]), point))
+    return points
 
 
 # Batches are cut from windows of this many batches sorted by length: enough to make batches
@@ -94,6 +113,7 @@ def fit(
     fresh_extra: Callable[[], dict[str, Any]] = dict,
     step_stats: Callable[[], dict[str, float]] = dict,
     on_step: Callable[[int, int, float], None] = lambda step, total, loss: None,
+    on_point: OnPoint = lambda step, values: None,
     log: Callable[[str], None] = print,
     dropout: bool = True,
 ) -> History:
@@ -103,6 +123,8 @@ def fit(
     `fresh_extra` is called only on a fresh start (an untrained baseline, say); on resume its
     saved value comes back in `History.extra`. `step_stats` returns what the last batch
     measured besides its loss (DPO's implicit-reward accuracy, say) for that step's row.
+    `on_point` receives each step's point of the training curves (`curve_points`), on resume
+    first those of the restored history, so a fresh curve log ends with every step once.
     `dropout` False trains in eval mode: DPO's log-ratios to a reference computed without
     dropout must start at exactly zero, not at the noise dropout adds. A non-finite loss or
     gradient norm raises `NonFiniteError` before its update (`rlhf.train.guard`).
@@ -127,6 +149,8 @@ def fit(
         )
         history.resumed_from = state["step"]
         log(f"resuming from step {history.resumed_from} of {total}")
+        for point in curve_points(history.steps, history.epochs):
+            on_point(*point)
 
     model.train(dropout)
     order: list[int] = []
@@ -193,6 +217,7 @@ def fit(
                 },
             )
             saved = step + 1
+        on_point(*curve_points(history.steps[-1:], history.epochs)[0])
         on_step(step + 1, total, loss.item())
     model.eval()
     return history

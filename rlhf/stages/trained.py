@@ -1,0 +1,26 @@
+"""What a training stage (sft, rm, dpo, every RL algorithm) adds to its outputs: the curves it
+logged while training, published with the rest, and its working state dropped once they are.
+
+Kept apart from `outputs.py`, which every stage imports, so that only the training stages
+depend on the curve log's code.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from rlhf.atomic import Publication
+from rlhf.stages import paths
+from rlhf.stages.specs import StageSpec
+from rlhf.train.curves import METRICS_FOLDER
+
+
+def stage_curves(out: Publication, spec: StageSpec) -> None:
+    """Stage the curves logged in the stage's live folder as its published curves."""
+    shutil.copytree(spec.live_folder / METRICS_FOLDER, out[paths.curves_folder(spec.filed_as)])
+
+
+def finish(spec: StageSpec) -> None:
+    """Once the outputs are published: drop the resume state and the live curves."""
+    spec.resume_file.unlink(missing_ok=True)
+    shutil.rmtree(spec.live_folder, ignore_errors=True)
