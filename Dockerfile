@@ -3,6 +3,8 @@
 # DVC repository mounted at /workspace.
 #   docker build -t rlhf-pipeline:latest .
 #   docker run --gpus all -v "$PWD":/workspace rlhf-pipeline:latest run
+#   docker run --gpus all -e RLHF_NPROC=auto --shm-size 8g -v "$PWD":/workspace \
+#     --entrypoint dvc rlhf-pipeline:latest repro   # training stages on every GPU of the host
 # Build args: UID/GID (default 1000) own what the container writes to the mounted repository;
 # EXTRAS (default hf) names the pyproject extras to install, e.g. EXTRAS=hf,docker for
 # prefect-docker where pyproject.toml defines a `docker` extra; EXTRA_PACKAGES adds requirements

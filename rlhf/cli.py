@@ -95,10 +95,12 @@ def tokenizer() -> None:
 
 @command()
 def sft() -> None:
-    """Supervised fine-tuning on the demonstrations (stage `sft`); resumes if interrupted."""
+    """Supervised fine-tuning on the demonstrations (stage `sft`); resumes if interrupted;
+    RLHF_NPROC processes."""
+    from rlhf.stages import launch
     from rlhf.stages import sft as stage
 
-    stage.run()
+    launch.run_stage(stage.run, "rlhf.stages.sft", [])
 
 
 @command()
@@ -111,10 +113,11 @@ def collect() -> None:
 
 @command()
 def rm() -> None:
-    """Train the reward model on the ranked comparisons (stage `rm`)."""
+    """Train the reward model on the ranked comparisons (stage `rm`); RLHF_NPROC processes."""
+    from rlhf.stages import launch
     from rlhf.stages import rm as stage
 
-    stage.run()
+    launch.run_stage(stage.run, "rlhf.stages.rm", [])
 
 
 @command()
@@ -132,10 +135,12 @@ def rl(
 
 @command()
 def dpo() -> None:
-    """Direct preference optimization of the SFT policy on the comparisons (stage `dpo`)."""
+    """Direct preference optimization of the SFT policy on the comparisons (stage `dpo`);
+    RLHF_NPROC processes."""
     from rlhf.stages import dpo as stage
+    from rlhf.stages import launch
 
-    stage.run()
+    launch.run_stage(stage.run, "rlhf.stages.dpo", [])
 
 
 @command()

@@ -202,8 +202,9 @@ def test_pipeline_deployment_schedule_and_parameters_come_from_prefect_yaml(work
     assert deployment.parameters == {
         "target": "evaluate", "overrides": [], "containerized": True, "experiment": True,
         "retries": 1, "wait_for_repository_s": 43200, "start_timeout_s": 900,
-        "stage_timeout_s": 86400,
+        "stage_timeout_s": 86400, "nproc": "auto",
     }  # fmt: skip
+    assert stage.parameters["nproc"] == "auto"  # one training process per GPU of the container
     assert deployment.entrypoint == "rlhf/flows/pipeline.py:pipeline"
     schema = stage.parameter_openapi_schema
     assert schema["definitions"]["StageName"]["enum"] == [

@@ -43,6 +43,11 @@ class Example:
     response_start: int  # index of the first response token in `ids`
     truncated: bool = False  # prompt or response was cut to fit the context
 
+    @property
+    def target_count(self) -> int:
+        """The tokens the LM loss is taken over: the response and the end token."""
+        return len(self.ids) - self.response_start
+
 
 def encode_example(tokenizer: Tokenizer, prompt: str, response: str, block_size: int) -> Example:
     """Tokenize and fit into `block_size` tokens.

@@ -16,6 +16,7 @@ run at a time holds a repository (`lock.py`).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -56,6 +57,7 @@ from rlhf.params import ParamsError, parse_params
 from rlhf.stages import paths
 from rlhf.stages.dvcfile import declared_stages
 from rlhf.stages.entry import ERROR_PREFIX
+from rlhf.stages.launch import NPROC_ENV
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
 REFUSED = "Refused"  # state name of a stage that reported an error the user must fix
@@ -139,8 +141,10 @@ def retry_unless_refused(task: object, task_run: TaskRun, state: State) -> bool:
 
 
 @task(task_run_name="{stage}", cache_policy=NO_CACHE, retry_condition_fn=retry_unless_refused)
-def dvc_stage(stage: str, workdir: Path) -> State:
-    """`dvc repro --single-item <stage>` in `workdir`, its output streamed into the task's log.
+def dvc_stage(stage: str, workdir: Path, nproc: str | None = None) -> State:
+    """`dvc repro --single-item <stage>` in `workdir`, its output streamed into the task's log;
+    a training stage runs as `nproc` data-parallel processes (`RLHF_NPROC`; None: as the
+    environment says).
 
     Ends Completed when the stage ran and Completed named "Skipped" when DVC found it up to
     date, so a flow run shows at a glance which stages did work. A stage that reported an
@@ -149,9 +153,10 @@ def dvc_stage(stage: str, workdir: Path) -> State:
     logger = get_run_logger()
     command = ["dvc", "repro", "--single-item", stage]
     ran, errors, dvc_errors = False, [], []
+    env = os.environ | ({NPROC_ENV: nproc} if nproc else {})
     with subprocess.Popen(
-        command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        bufsize=1,
+        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, bufsize=1,
     ) as process:  # fmt: skip
         assert process.stdout is not None
         for line in process.stdout:
@@ -178,22 +183,25 @@ def stage_flow(
     overrides: list[str] | None = None,
     retries: int = 1,
     workdir: str = ".",
+    nproc: str | None = None,
 ) -> State | None:
     """One pipeline stage: what the `rlhf-stage` deployment runs in a GPU container.
 
     workdir: the DVC repository to run in, relative to the flow's working directory (a
         scheduled run's own checkout, `.rlhf/runs/<name>`).
+    nproc: data-parallel processes of a training stage, a number or `auto` (one per visible
+        GPU); None: the container's RLHF_NPROC, else 1. Not a param: DVC's stage is the same.
     """
     directory = Path(workdir)
     set_params(overrides or [], directory / paths.PARAMS)
-    return run_stage(StageName(stage).value, retries, directory)
+    return run_stage(StageName(stage).value, retries, directory, nproc)
 
 
-def run_stage(stage: str, retries: int, workdir: Path) -> State | None:
+def run_stage(stage: str, retries: int, workdir: Path, nproc: str | None) -> State | None:
     """The stage as a task run; None if it completed, else a Failed state with the task's
     message, which a flow returns to end with the stage's error as its own state message."""
     options = dvc_stage.with_options(retries=retries, retry_delay_seconds=10)
-    state = options(stage, workdir, return_state=True)
+    state = options(stage, workdir, nproc, return_state=True)
     return Failed(name=state.name, message=state.message) if state.is_failed() else None
 
 
@@ -203,10 +211,11 @@ def run_stages(stages: list[str], workdir: Path, run: PipelineRun) -> State | No
     logger = get_run_logger()
     for stage in stages:
         if not run.containerized:
-            if failed := run_stage(stage, run.retries, workdir):
+            if failed := run_stage(stage, run.retries, workdir, run.nproc):
                 return failed
             continue
         parameters = {"stage": stage, "retries": run.retries, "workdir": str(workdir)}
+        parameters |= {"nproc": run.nproc} if run.nproc else {}
         child, state = run_stage_deployment(parameters, run.start_timeout_s, run.stage_timeout_s)
         if not state.is_completed():
             return Failed(message=f"stage {stage} (flow run {child.name}): {state.message}")
@@ -222,6 +231,7 @@ class PipelineRun:
     retries: int
     start_timeout_s: float
     stage_timeout_s: float
+    nproc: str | None
 
 
 @flow(name="rlhf-pipeline")
@@ -234,6 +244,7 @@ def pipeline(
     wait_for_repository_s: float | None = None,
     start_timeout_s: float = 900,
     stage_timeout_s: float = 86400,
+    nproc: str | None = None,
 ) -> State | None:
     """Every stage up to `target` in DVC order; the first that fails ends the run.
 
@@ -247,9 +258,10 @@ def pipeline(
     retries: per stage; a retried training stage resumes from its last checkpoint.
     wait_for_repository_s: how long to wait while another pipeline run holds this
         repository (None: until it ends).
+    nproc: data-parallel processes of each training stage (`rlhf-stage`'s parameter).
     """
     root = Path.cwd()
-    run = PipelineRun(containerized, retries, start_timeout_s, stage_timeout_s)
+    run = PipelineRun(containerized, retries, start_timeout_s, stage_timeout_s, nproc)
     last_stage, changes = StageName(target).value, list(overrides or [])
     try:
         with one_run_per_repository(root, wait_for_repository_s):

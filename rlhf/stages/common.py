@@ -64,9 +64,12 @@ class ProgressLines(Progress):
                                soft_wrap=True)  # fmt: skip
 
 
-def progress() -> Progress:
+def progress(quiet: bool = False) -> Progress:
     """A progress bar for long loops, or lines in a log (`ProgressLines`); `extra` fields
-    show live values such as the loss."""
+    show live values such as the loss. `quiet`: one that shows nothing (a data-parallel
+    worker other than rank 0)."""
+    if quiet:
+        return Progress(disable=True)
     if not console.is_terminal:
         return ProgressLines(console=console, every=PROGRESS_LINE_EVERY_S)
     return Progress(

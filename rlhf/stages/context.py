@@ -24,6 +24,7 @@ from rlhf.stages.imports import code_closure
 from rlhf.stages.outputs import begin
 from rlhf.stages.specs import StageSpec
 from rlhf.train.device import resolve_device
+from rlhf.train.distributed import World, current_world, join
 from rlhf.train.memory import Workload, preflight
 
 
@@ -33,18 +34,20 @@ class StageRun:
     params: Params
     device: torch.device
     tokenizer: Tokenizer
+    world: World  # this process's rank among the stage's data-parallel workers
 
     @classmethod
     def start(cls, declared: StageSpec, item: str | None = None) -> StageRun:
         """Clear what a killed run left half-written, load and check params, seed torch, pick
-        the device, load the tokenizer; `item` is the element of a foreach stage (the RL
-        algorithm)."""
-        spec = declared.filled(item)
-        begin(spec)
+        the device, join the data-parallel workers (under torchrun), load the tokenizer;
+        `item` is the element of a foreach stage (the RL algorithm)."""
+        spec, world = declared.filled(item), current_world()
+        if world.is_main:
+            begin(spec)
         p = params()
         torch.manual_seed(p.seed)
-        device = resolve_device(p.device)
-        return cls(spec, p, device, load_tokenizer(paths.TOKENIZER))
+        device = join(world, resolve_device(p.device))
+        return cls(spec, p, device, load_tokenizer(paths.TOKENIZER), world)
 
     @property
     def params_hash(self) -> str:
@@ -57,7 +60,9 @@ class StageRun:
         return self.params_hash + file_digest(*self.spec.inputs) + file_digest(*code)
 
     def log(self, text: str) -> None:
-        console.print(f"{self.spec.address}: {text}")
+        """A line of the stage's log, from rank 0 only."""
+        if self.world.is_main:
+            console.print(f"{self.spec.address}: {text}")
 
     def workload(self, **counts: int) -> Workload:
         """A `Workload` of these counts under this run's memory options."""

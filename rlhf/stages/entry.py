@@ -20,6 +20,7 @@ from rlhf.stages.common import console
 DEBUG_ENV = "RLHF_DEBUG"
 USER_ERROR = 2  # exit status of a failure the message explains
 INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+PEER_LOST = 3  # a data-parallel worker whose collective broke because another rank died
 ERROR_PREFIX = "error: "  # what the Prefect task looks for in a stage's output
 
 
@@ -43,14 +44,31 @@ def describe(exc: BaseException) -> str | None:
 
 
 def print_error(message: str) -> None:
-    """`error: message` on one line, however long (no wrapping at the terminal's width)."""
+    """`error: message` on one line, however long (no wrapping at the terminal's width); a
+    data-parallel worker other than rank 0 names its rank."""
+    rank = os.environ.get("RANK", "0")
+    message = message if rank == "0" else f"rank {rank}: {message}"
     console.print(Text(ERROR_PREFIX, style="bold red") + Text(" ".join(message.split())),
                   soft_wrap=True)  # fmt: skip
 
 
+def lost_peer(exc: BaseException) -> bool:
+    """Whether a data-parallel worker failed inside torch.distributed: a collective broken by
+    a rank that died, which the launcher reports in one line naming that rank."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"torch{os.sep}distributed{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def report_errors(run: Callable[[], object]) -> int:
     """Run, and return the exit status: 0, USER_ERROR after printing the error line, or
-    INTERRUPTED. Bugs propagate with their traceback."""
+    INTERRUPTED. Bugs propagate with their traceback; a worker that lost a peer exits with
+    PEER_LOST and says nothing (`lost_peer`)."""
     try:
         run()
     except KeyboardInterrupt:
@@ -59,6 +77,8 @@ def report_errors(run: Callable[[], object]) -> int:
         print_error("interrupted; run the command again to resume where it stopped")
         return INTERRUPTED
     except Exception as exc:
+        if lost_peer(exc) and not debug_requested():
+            return PEER_LOST
         message = describe(exc)
         if message is None or debug_requested():
             raise
@@ -67,6 +87,13 @@ def report_errors(run: Callable[[], object]) -> int:
     return 0
 
 
-def main(run: Callable[[], object]) -> None:
-    """What a stage module runs as `python -m`: the stage, then its exit status."""
+def main(run: Callable[[], object], *, data_parallel: bool = False) -> None:
+    """What a stage module runs as `python -m`: the stage, then its exit status. A
+    `data_parallel` stage asked for more than one process (`RLHF_NPROC`) runs as that many
+    torchrun workers of this same command instead (`rlhf.stages.launch`)."""
+    if data_parallel:
+        from rlhf.stages import launch
+
+        module = sys.modules["__main__"].__spec__.name
+        sys.exit(report_errors(lambda: launch.run_stage(run, module, sys.argv[1:])))
     sys.exit(report_errors(run))

@@ -12,12 +12,10 @@ from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
 from rlhf.stages import paths
-from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.outputs import published, write_timings
-from rlhf.stages.trained import finish, stage_curves
+from rlhf.stages.trained import finish, reporting, stage_curves
 from rlhf.train import loop
-from rlhf.train.curves import curve_log
 
 
 def fit(
@@ -29,6 +27,7 @@ def fit(
     batch_loss: loop.BatchLoss,
     evaluate: Callable[[], dict[str, float]],
     lengths: Sequence[int] | None = None,
+    units: loop.BatchUnits = len,
     fresh_extra: Callable[[], dict[str, Any]] = dict,
     step_stats: Callable[[], dict[str, float]] = dict,
     status: Callable[[float], str] = lambda loss: f"loss {loss:.3f}",
@@ -36,7 +35,7 @@ def fit(
 ) -> loop.History:
     """`rlhf.train.loop.fit` for this stage, with a progress bar showing `status(loss)` and
     each step's point logged to the stage's training curves."""
-    with progress() as bar, curve_log(stage.spec.live_folder) as curves:
+    with reporting(stage) as (bar, curves):
         task = bar.add_task(stage.spec.address, total=None, extra="")
         return loop.fit(
             model,
@@ -49,6 +48,7 @@ def fit(
             resume_file=stage.spec.resume_file,
             fingerprint=stage.fingerprint(),
             lengths=lengths,
+            units=units,
             fresh_extra=fresh_extra,
             step_stats=step_stats,
             on_step=lambda step, total, loss: bar.update(
@@ -57,6 +57,7 @@ def fit(
             on_point=curves.log,
             log=stage.log,
             dropout=dropout,
+            world=stage.world,
         )
 
 
@@ -65,7 +66,9 @@ def publish(
 ) -> None:
     """Write a trained stage's outputs, all together, and only then drop its resume state
     and live curves: a crash in between resumes and rewrites rather than retraining from
-    scratch. Its speed goes to its timings file, outside the outputs."""
+    scratch. Its speed goes to its timings file, outside the outputs. Rank 0 alone writes."""
+    if not stage.world.is_main:
+        return
     name = stage.spec.name
     with published(stage.spec) as out:
         checkpoint.save(out[paths.model_file(name)], payload)

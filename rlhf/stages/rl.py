@@ -34,13 +34,11 @@ from rlhf.eval.policies import versus_reference
 from rlhf.models import checkpoint
 from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
 from rlhf.stages import paths
-from rlhf.stages.common import progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
 from rlhf.stages.outputs import published, write_timings
 from rlhf.stages.specs import ITEM, Plot, StageSpec
-from rlhf.stages.trained import finish, stage_curves
-from rlhf.train.curves import curve_log
+from rlhf.stages.trained import finish, reporting, stage_curves
 from rlhf.train.guard import NonFiniteError
 
 RESUME_KEYS = ("trainer", "history", "samples")
@@ -180,7 +178,7 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
     staging.mkdir(parents=True, exist_ok=True)
     remove_stale_in(staging)  # a snapshot half-written when the last run was killed
     saved = trainer.step
-    with progress() as bar, curve_log(stage.spec.live_folder) as curves:
+    with reporting(stage) as (bar, curves):
         for stats in history:  # a fresh curve log holds the restored iterations too
             curves.log(*curve_point(stats))
         task = bar.add_task(stage.spec.address, total=steps, completed=trainer.step, extra="")

@@ -96,4 +96,4 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(run)
+    main(run, data_parallel=True)

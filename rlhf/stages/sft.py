@@ -84,6 +84,7 @@ def run() -> dict[str, Any]:
         p.sft,
         n_examples=len(train),
         batch_loss=lambda rows: sft.batch_loss(model, [train[i] for i in rows], pad),
+        units=lambda rows: sum(train[i].target_count for i in rows),  # a token-mean loss
         evaluate=lambda: {"val_loss": sft.validation_loss(model, val, pad, p.sft.batch_size)},
         fresh_extra=lambda: {"untrained": judge(greedy=True)},
     )
@@ -111,4 +112,4 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(run)
+    main(run, data_parallel=True)

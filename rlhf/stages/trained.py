@@ -7,12 +7,29 @@ depend on the curve log's code.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
+
+from rich.progress import Progress
 
 from rlhf.atomic import Publication
 from rlhf.stages import paths
+from rlhf.stages.common import progress
+from rlhf.stages.context import StageRun
 from rlhf.stages.specs import StageSpec
-from rlhf.train.curves import METRICS_FOLDER
+from rlhf.train.curves import METRICS_FOLDER, Curves, NoCurves, curve_log
+
+
+@contextlib.contextmanager
+def reporting(stage: StageRun) -> Iterator[tuple[Progress, Curves]]:
+    """The stage's progress bar and curve log while it trains: rank 0 alone shows and keeps
+    them (every rank's numbers are the reduced, global ones)."""
+    if not stage.world.is_main:
+        yield progress(quiet=True), NoCurves()
+        return
+    with progress() as bar, curve_log(stage.spec.live_folder) as curves:
+        yield bar, curves
 
 
 def stage_curves(out: Publication, spec: StageSpec) -> None:

@@ -84,6 +84,14 @@ class TsvCurves:
         """Every row is on disk once `log` returns."""
 
 
+class NoCurves:
+    """A curve log that keeps nothing: a data-parallel rank other than 0, whose points are
+    rank 0's."""
+
+    def log(self, step: int, values: Point) -> None:
+        """Nothing to keep."""
+
+
 def live_curves(folder: Path) -> LiveCurves | None:
     """dvclive's curves, or None in a git repository without a commit: dvclive 3.49 reads
     HEAD there and fails, and with no commit there is no experiment to stream to Studio,

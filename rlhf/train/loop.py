@@ -3,6 +3,11 @@
 Every `save_every` steps the model, optimizer, RNG, step and history go to a resume file. The
 batch order of each epoch is a pure function of (seed, epoch), so a run resumed from that file
 continues exactly where the interrupted one was and ends with the same numbers.
+
+Under torchrun each rank trains on its share of every global batch (`rlhf.train.distributed`)
+through DistributedDataParallel; losses, statistics and token counts are reduced over the
+ranks, so the history and the resume state (written by rank 0, the full model and optimizer)
+are the same whatever the number of processes, and a run resumes with any number.
 """
 
 from __future__ import annotations
@@ -15,19 +20,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
 from rlhf.train.device import autocast, rng_state, set_rng_state
+from rlhf.train.distributed import World, data_parallel, globally_normalized, sum_across
 from rlhf.train.guard import NonFiniteError, grad_norm, require_finite
 from rlhf.train.optim import adamw, lr_at, set_lr
 
 RESUME_KEYS = ("model", "optimizer", "rng", "step", "steps", "epochs", "extra")
 
-# (example indices) -> (loss, tokens processed)
+# (example indices) -> (loss, tokens processed); the loss is a mean over the batch's units
 BatchLoss = Callable[[list[int]], tuple[Tensor, int]]
+# (example indices) -> how many units the batch loss averages over (examples, or tokens)
+BatchUnits = Callable[[list[int]], int]
 # (step, metric name -> value): one step's point of the training curves
 OnPoint = Callable[[int, dict[str, float]], None]
 
@@ -61,6 +69,38 @@ def curve_points(
             point |= {f"epoch/{k}": v for k, v in epoch.items() if k != "epoch"}
         points.append((int(row["step"]), point))
     return points
+
+
+class StepLoss(nn.Module):
+    """A batch loss as the forward of a module holding the model, for DDP to run: the stages'
+    losses reach into the model (packed forwards, reward heads) rather than calling its
+    forward, and DDP prepares its gradient reduction only for what runs inside its own."""
+
+    def __init__(self, model: Backbone, batch_loss: BatchLoss) -> None:
+        super().__init__()
+        self.model, self.batch_loss = model, batch_loss
+
+    def forward(self, rows: list[int]) -> tuple[Tensor, int]:
+        return self.batch_loss(rows)
+
+
+def global_step(
+    world: World,
+    loss: Tensor,
+    units: int,
+    tokens: int,
+    stats: dict[str, float],
+    device: torch.device,
+) -> tuple[float, dict[str, float], float, int]:
+    """The global batch's mean loss, mean statistics, units and tokens, from this rank's
+    means over its `units` (in one process, its own values untouched)."""
+    if not world.distributed:
+        return loss.item(), stats, units, tokens
+    local = [loss.item() * units, units, tokens, *(value * units for value in stats.values())]
+    summed = sum_across(world, local, device)
+    total = summed[1]
+    reduced = {key: value / total for key, value in zip(stats, summed[3:], strict=True)}
+    return summed[0] / total, reduced, total, round(summed[2])
 
 
 # Batches are cut from windows of this many batches sorted by length: enough to make batches
@@ -110,16 +150,20 @@ def fit(
     resume_file: Path,
     fingerprint: str,
     lengths: Sequence[int] | None = None,
+    units: BatchUnits = len,
     fresh_extra: Callable[[], dict[str, Any]] = dict,
     step_stats: Callable[[], dict[str, float]] = dict,
     on_step: Callable[[int, int, float], None] = lambda step, total, loss: None,
     on_point: OnPoint = lambda step, values: None,
     log: Callable[[str], None] = print,
     dropout: bool = True,
+    world: World = World(),  # noqa: B008 (frozen)
 ) -> History:
     """Train for `opt.epochs` epochs over `n_examples`; `evaluate` runs after each epoch.
 
-    `lengths` (tokens per example) turns on length-bucketed batches (`batch_order`).
+    `lengths` (tokens per example) turns on length-bucketed batches (`batch_order`). `units`
+    says what `batch_loss` averages over (examples by default; tokens for a token-mean loss):
+    under data parallelism the global loss weighs each rank's mean by it.
     `fresh_extra` is called only on a fresh start (an untrained baseline, say); on resume its
     saved value comes back in `History.extra`. `step_stats` returns what the last batch
     measured besides its loss (DPO's implicit-reward accuracy, say) for that step's row.
@@ -130,6 +174,11 @@ def fit(
     gradient norm raises `NonFiniteError` before its update (`rlhf.train.guard`).
     """
     optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
+    step_loss = (
+        data_parallel(StepLoss(model, batch_loss), world, device)
+        if world.distributed
+        else batch_loss
+    )
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
     total = opt.epochs * steps_per_epoch
     history = History()
@@ -162,12 +211,17 @@ def fit(
         started = time.perf_counter()
         lr = lr_at(step, opt.lr, opt.warmup_steps, total, opt.min_lr_ratio)
         set_lr(optimizer, lr)
+        rows, holds_rows = world.shard(order[index * opt.batch_size :][: opt.batch_size])
         with autocast(device, opt.bf16):
-            loss, tokens = batch_loss(order[index * opt.batch_size :][: opt.batch_size])
+            loss, tokens = step_loss(rows)
+        mine = units(rows) if holds_rows else 0
+        train_loss, stats, total_units, tokens = global_step(
+            world, loss, mine, tokens if holds_rows else 0, step_stats(), device
+        )
         optimizer.zero_grad(set_to_none=True)
         try:
-            require_finite(step + 1, {"train_loss": loss}, step_stats())
-            loss.backward()
+            require_finite(step + 1, {"train_loss": train_loss}, stats)
+            globally_normalized(loss, mine, total_units, world).backward()
             require_finite(step + 1, {"grad_norm": grad_norm(model.parameters(), opt.grad_clip)})
         except NonFiniteError as exc:
             exc.last_good = f"{resume_file} (step {saved})" if saved else exc.last_good
@@ -180,8 +234,8 @@ def fit(
                 "step": step + 1,
                 "epoch": epoch + 1,
                 "lr": lr,
-                "train_loss": loss.item(),
-                **step_stats(),
+                "train_loss": train_loss,
+                **stats,
             }
         )
 
@@ -202,7 +256,7 @@ def fit(
                 f"epoch {epoch + 1}/{opt.epochs}: "
                 + ", ".join(f"{k} {v:.4f}" for k, v in history.epochs[-1].items() if k != "epoch")
             )
-        if (step + 1) % opt.save_every == 0 and step + 1 < total:
+        if (step + 1) % opt.save_every == 0 and step + 1 < total and world.is_main:
             checkpoint.save_resume(
                 resume_file,
                 fingerprint,
@@ -218,6 +272,6 @@ def fit(
             )
             saved = step + 1
         on_point(*curve_points(history.steps[-1:], history.epochs)[0])
-        on_step(step + 1, total, loss.item())
+        on_step(step + 1, total, train_loss)
     model.eval()
     return history

@@ -1,0 +1,113 @@
+"""Data parallelism under torchrun: which process this is, its share of each global batch, and
+the reductions that make N processes compute what one does.
+
+A training stage runs as `torchrun --nproc_per_node N` workers (`rlhf.stages.launch`); each
+reads RANK, WORLD_SIZE and LOCAL_RANK from the environment torchrun sets. The batch size in
+params.yaml is the global batch: every rank takes a contiguous share of the same seeded batch
+order, and losses are normalized by the units (tokens, prompts) of the whole global batch, so
+the gradient N processes apply equals the one process's, up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+# a rank waiting this long in a collective for a peer gives up (the launcher stops the rest
+# at once when one dies; this bounds a hang it cannot see)
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that logs and writes outputs."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def shard(self, rows: list[int]) -> tuple[list[int], bool]:
+        """This rank's contiguous share of a global batch, and whether it holds any row.
+
+        A rank left without rows (a last batch smaller than the world) forwards the batch's
+        first row with weight 0: every rank must run the same forwards and backwards for the
+        gradients to be reduced."""
+        per_rank, extra = divmod(len(rows), self.size)
+        start = self.rank * per_rank + min(self.rank, extra)
+        mine = rows[start : start + per_rank + (self.rank < extra)]
+        return (mine, True) if mine else (rows[:1], False)
+
+
+def current_world() -> World:
+    """The world torchrun describes in the environment; one process without it."""
+    if "WORLD_SIZE" not in os.environ:
+        return World()
+    return World(
+        rank=int(os.environ["RANK"]),
+        size=int(os.environ["WORLD_SIZE"]),
+        local_rank=int(os.environ["LOCAL_RANK"]),
+    )
+
+
+def join(world: World, device: torch.device) -> torch.device:
+    """Join the process group (NCCL on CUDA, gloo on CPU) and return this rank's device."""
+    if not world.distributed:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT, device_id=_device_id(device))
+    return device
+
+
+def _device_id(device: torch.device) -> torch.device | None:
+    """NCCL binds the group to this rank's GPU up front; gloo takes none."""
+    return device if device.type == "cuda" else None
+
+
+def leave(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def sum_across(world: World, values: list[float], device: torch.device) -> list[float]:
+    """Each value summed over the ranks (in float64, so the sum of a few ranks' partial sums
+    adds no rounding of its own)."""
+    if not world.distributed:
+        return values
+    totals = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def data_parallel(model: nn.Module, world: World, device: torch.device) -> nn.Module:
+    """What the training step forwards through: the model itself in one process, else a
+    DistributedDataParallel wrapper that averages gradients across ranks in backward."""
+    if not world.distributed:
+        return model
+    ids = [device.index] if device.type == "cuda" else None
+    # a stage trains some of the backbone's heads and not others (SFT no reward head): DDP
+    # must find the unused ones each step, or their bucket never reduces anything
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+
+
+def globally_normalized(loss: Tensor, units: float, total_units: float, world: World) -> Tensor:
+    """The loss to backpropagate so that DDP's average over ranks is the mean over all units of
+    the global batch: a rank's mean over its `units` weighted by its share of `total_units`."""
+    if not world.distributed:
+        return loss
+    return loss * (units * world.size / total_units)
