@@ -13,6 +13,11 @@ class PipelineError(Exception):
     """A failure the message alone explains: bad params, bad data, a missing or refused file."""
 
 
+class StageInterrupted(Exception):
+    """A run stopped by something outside it (a data-parallel worker killed, say): running
+    the stage again resumes it, so a scheduler retries it, unlike a `PipelineError`."""
+
+
 class CheckpointError(PipelineError):
     """A checkpoint or resume file that is missing, unreadable or not what the stage needs."""
 

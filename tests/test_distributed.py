@@ -7,10 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
+from rlhf.stages.entry import PEER_LOST, USER_ERROR
+from rlhf.stages.launch import WorkerFailed, worker_failure
 from rlhf.train.curves import read_curve
 from rlhf.train.distributed import World
 
@@ -58,12 +61,13 @@ def assert_close(a, b, keys, rel):
 
 
 @pytest.mark.parametrize("world", [2, 3, 5])
-def test_the_ranks_share_every_row_of_a_batch_once_in_order(world):
+def test_the_ranks_share_every_row_of_a_batch_once(world):
     rows = list(range(11))
     shares = [World(rank=r, size=world).shard(rows) for r in range(world)]
-    assert [i for share, holds in shares for i in share] == rows
+    assert sorted(i for share, holds in shares for i in share) == rows
     assert all(holds for _, holds in shares)
     assert max(len(s) for s, _ in shares) - min(len(s) for s, _ in shares) <= 1
+    assert shares[1][0][:2] == [1, 1 + world]  # strided: every rank gets short and long rows
     assert World(rank=2, size=3).shard([4, 5]) == ([4], False)  # forwards a row at weight 0
 
 
@@ -126,10 +130,10 @@ def test_a_killed_rank_stops_the_stage_at_once_and_the_rerun_resumes(trained_pro
         project = stage_project(trained_project, tmp_path / f"killed{rerun_nproc}", "sft",
                                 overrides)  # fmt: skip
         status, stderr, seconds = kill_rank_at_first_save(project, rank=1)
-        assert status == 2 and seconds < 60
-        error_lines = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert error_lines == [
-            "error: rank 1 of 2 was killed by SIGKILL, and the other ranks were stopped; run "
+        assert status == 75 and seconds < 60  # EX_TEMPFAIL: a scheduler retries, and resumes
+        said = [line for line in stderr.splitlines() if line.startswith(("error:", "failed:"))]
+        assert said == [
+            "failed: rank 1 of 2 was killed by SIGKILL, and the other ranks were stopped; run "
             "the stage again (dvc repro) to resume from its last save (RLHF_DEBUG=1 shows "
             "each rank's traceback)"
         ]
@@ -166,3 +170,24 @@ def test_a_bad_process_count_is_one_line(tmp_path, value):
     assert done.stderr.strip() == (
         f"error: RLHF_NPROC={value!r}: give a number of processes (1, 2, ...) or auto"
     )
+
+
+def failure(exitcode: int, timestamp: int = 100, signal_name: str = "SIGKILL"):
+    """What the elastic agent records of a failed worker (ProcessFailure's fields used)."""
+    return SimpleNamespace(exitcode=exitcode, timestamp=timestamp, signal_name=lambda: signal_name)
+
+
+def test_the_rank_that_failed_is_named_not_the_ones_it_broke():
+    # rank 0's collective broke in the same second rank 1 was killed: rank 1 is the cause
+    stopped = worker_failure({0: failure(PEER_LOST), 1: failure(-9)}, nproc=2)
+    assert isinstance(stopped, WorkerFailed)
+    assert str(stopped).startswith("rank 1 of 2 was killed by SIGKILL")
+    # the agent stopped rank 0 (SIGTERM) once rank 1 was gone: still rank 1
+    terminated = worker_failure({0: failure(-15, signal_name="SIGTERM"), 1: failure(-9)}, 2)
+    assert str(terminated).startswith("rank 1 of 2 was killed by SIGKILL")
+    crashed = worker_failure({2: failure(1, timestamp=90), 1: failure(-11, timestamp=95)}, 4)
+    assert str(crashed).startswith("rank 2 of 4 exited with status 1")
+    explained = worker_failure({0: failure(PEER_LOST), 1: failure(USER_ERROR)}, nproc=2)
+    assert isinstance(explained, SystemExit) and explained.code == USER_ERROR  # it said why
+    everywhere = worker_failure({0: failure(PEER_LOST), 1: failure(PEER_LOST)}, nproc=2)
+    assert str(everywhere).startswith("a collective failed on all 2 ranks")

@@ -68,6 +68,24 @@ class Pairs:
     )
 
 
+def group_pairs(group: EncodedGroup, offset: int = 0) -> list[tuple[int, int]]:
+    """The (better, worse) rows of one group's ranked pairs, numbered from `offset`: equal
+    ranks and two copies of one answer (the same row) give none."""
+    ranks, row_of = group.ranks, group.rows
+    return [
+        (offset + row_of[i], offset + row_of[j])
+        if ranks[i] < ranks[j]
+        else (offset + row_of[j], offset + row_of[i])
+        for i, j in combinations(range(len(ranks)), 2)
+        if ranks[i] != ranks[j] and row_of[i] != row_of[j]
+    ]
+
+
+def paired(groups: Sequence[EncodedGroup]) -> int:
+    """How many of `groups` have a pair: the prompts a ranking loss averages over."""
+    return sum(1 for group in groups if group_pairs(group))
+
+
 def ranking_pairs(groups: Sequence[EncodedGroup]) -> Pairs:
     """Every ranked pair of each group's responses, rows numbered across the flattened batch
     of all groups' distinct examples.
@@ -79,16 +97,7 @@ def ranking_pairs(groups: Sequence[EncodedGroup]) -> Pairs:
     per_group: list[list[tuple[int, int]]] = []
     offset = 0
     for group in groups:
-        ranks, row_of = group.ranks, group.rows
-        per_group.append(
-            [
-                (offset + row_of[i], offset + row_of[j])
-                if ranks[i] < ranks[j]
-                else (offset + row_of[j], offset + row_of[i])
-                for i, j in combinations(range(len(ranks)), 2)
-                if ranks[i] != ranks[j] and row_of[i] != row_of[j]
-            ]
-        )
+        per_group.append(group_pairs(group, offset))
         offset += len(group.examples)
     counted = sum(1 for pairs in per_group if pairs)
     flat = [pair for pairs in per_group for pair in pairs]

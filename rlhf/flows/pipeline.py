@@ -56,7 +56,7 @@ from rlhf.flows.stage_names import StageName
 from rlhf.params import ParamsError, parse_params
 from rlhf.stages import paths
 from rlhf.stages.dvcfile import declared_stages
-from rlhf.stages.entry import ERROR_PREFIX
+from rlhf.stages.entry import ERROR_PREFIX, FAILED_PREFIX
 from rlhf.stages.launch import NPROC_ENV
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
@@ -152,7 +152,7 @@ def dvc_stage(stage: str, workdir: Path, nproc: str | None = None) -> State:
     """
     logger = get_run_logger()
     command = ["dvc", "repro", "--single-item", stage]
-    ran, errors, dvc_errors = False, [], []
+    ran, errors, failures = False, [], []
     env = os.environ | ({NPROC_ENV: nproc} if nproc else {})
     with subprocess.Popen(
         command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -164,12 +164,14 @@ def dvc_stage(stage: str, workdir: Path, nproc: str | None = None) -> State:
             ran = ran or f"Running stage '{stage}'" in line
             if line.startswith(ERROR_PREFIX):
                 errors.append(line.removeprefix(ERROR_PREFIX).strip())
+            elif line.startswith(FAILED_PREFIX):  # a killed worker: a retry resumes
+                failures.append(line.removeprefix(FAILED_PREFIX).strip())
             elif line.startswith("ERROR: "):  # DVC's own: a missing input, a bad params.yaml
-                dvc_errors.append(line.strip())
+                failures.append(line.strip())
     if process.returncode and errors:
         return Failed(name=REFUSED, message=f"stage {stage}: {errors[-1]}")
     if process.returncode:
-        said = f": {dvc_errors[0]}" if dvc_errors else ""
+        said = f": {failures[0]}" if failures else ""
         raise RuntimeError(f"{' '.join(command)} exited with {process.returncode}{said}")
     publish_metrics(stage, workdir)
     if ran:

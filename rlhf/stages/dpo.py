@@ -18,7 +18,7 @@ from typing import Any
 from torch import Tensor
 
 from rlhf.algorithms.dpo import all_logprobs, implicit_rewards, mean_pair_loss, pair_loss
-from rlhf.data.comparisons import encode_groups, response_lengths
+from rlhf.data.comparisons import encode_groups, paired, response_lengths
 from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.stages import fitting, paths
@@ -86,6 +86,7 @@ def run() -> dict[str, Any]:
         n_examples=len(train),
         lengths=[g.tokens for g in train_groups],
         batch_loss=batch_loss,
+        units=lambda rows: paired([train_groups[i] for i in rows]),  # prompts with a pair
         evaluate=validation,
         fresh_extra=validation,  # the same measures for the SFT policy, before training
         step_stats=lambda: dict(last_batch),

@@ -14,14 +14,18 @@ from collections.abc import Callable
 
 from rich.text import Text
 
-from rlhf.errors import PipelineError
+from rlhf.errors import PipelineError, StageInterrupted
 from rlhf.stages.common import console
 
 DEBUG_ENV = "RLHF_DEBUG"
 USER_ERROR = 2  # exit status of a failure the message explains
 INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 PEER_LOST = 3  # a data-parallel worker whose collective broke because another rank died
-ERROR_PREFIX = "error: "  # what the Prefect task looks for in a stage's output
+RETRY = 75  # EX_TEMPFAIL: stopped from outside (a killed worker); rerunning resumes it
+ERROR_PREFIX = "error: "  # what the Prefect task looks for in a stage's output: do not retry
+FAILED_PREFIX = "failed: "  # a failure a rerun resumes from: the task retries
+# where a failure inside a collective surfaces: torch.distributed, DDP's wrapper and reducer
+COLLECTIVE_CODE = (f"torch{os.sep}distributed{os.sep}", f"torch{os.sep}nn{os.sep}parallel{os.sep}")
 
 
 def debug_requested() -> bool:
@@ -43,12 +47,12 @@ def describe(exc: BaseException) -> str | None:
     return None
 
 
-def print_error(message: str) -> None:
+def print_error(message: str, prefix: str = ERROR_PREFIX) -> None:
     """`error: message` on one line, however long (no wrapping at the terminal's width); a
     data-parallel worker other than rank 0 names its rank."""
     rank = os.environ.get("RANK", "0")
     message = message if rank == "0" else f"rank {rank}: {message}"
-    console.print(Text(ERROR_PREFIX, style="bold red") + Text(" ".join(message.split())),
+    console.print(Text(prefix, style="bold red") + Text(" ".join(message.split())),
                   soft_wrap=True)  # fmt: skip
 
 
@@ -57,18 +61,21 @@ def lost_peer(exc: BaseException) -> bool:
     a rank that died, which the launcher reports in one line naming that rank."""
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return False
+    if any(backend in str(exc) for backend in ("gloo", "NCCL", "ProcessGroup")):
+        return True
     tb = exc.__traceback__
     while tb is not None:
-        if f"torch{os.sep}distributed{os.sep}" in tb.tb_frame.f_code.co_filename:
+        if any(part in tb.tb_frame.f_code.co_filename for part in COLLECTIVE_CODE):
             return True
         tb = tb.tb_next
     return False
 
 
 def report_errors(run: Callable[[], object]) -> int:
-    """Run, and return the exit status: 0, USER_ERROR after printing the error line, or
-    INTERRUPTED. Bugs propagate with their traceback; a worker that lost a peer exits with
-    PEER_LOST and says nothing (`lost_peer`)."""
+    """Run, and return the exit status: 0, USER_ERROR after printing the error line, RETRY
+    after a `failed:` line (`StageInterrupted`), or INTERRUPTED. Bugs propagate with their
+    traceback; a worker that lost a peer exits with PEER_LOST and says nothing
+    (`lost_peer`)."""
     try:
         run()
     except KeyboardInterrupt:
@@ -76,6 +83,9 @@ def report_errors(run: Callable[[], object]) -> int:
             raise
         print_error("interrupted; run the command again to resume where it stopped")
         return INTERRUPTED
+    except StageInterrupted as exc:
+        print_error(str(exc), FAILED_PREFIX)
+        return RETRY
     except Exception as exc:
         if lost_peer(exc) and not debug_requested():
             return PEER_LOST
@@ -94,6 +104,7 @@ def main(run: Callable[[], object], *, data_parallel: bool = False) -> None:
     if data_parallel:
         from rlhf.stages import launch
 
-        module = sys.modules["__main__"].__spec__.name
+        spec = sys.modules["__main__"].__spec__  # None when run as a file, not with -m
+        module = spec.name if spec else None
         sys.exit(report_errors(lambda: launch.run_stage(run, module, sys.argv[1:])))
     sys.exit(report_errors(run))

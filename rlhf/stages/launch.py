@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable
 
-from rlhf.errors import PipelineError
-from rlhf.stages.entry import USER_ERROR
+from rlhf.errors import PipelineError, StageInterrupted
+from rlhf.stages.entry import PEER_LOST, USER_ERROR
 
 NPROC_ENV = "RLHF_NPROC"
 MONITOR_INTERVAL_S = 0.5  # how often the agent checks its workers
@@ -43,24 +44,40 @@ def is_worker() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
 
 
-def run_stage(run: Callable[[], object], module: str, args: list[str]) -> None:
-    """A data-parallel stage: `run` in this process, or `python -m module args` as the
-    workers `RLHF_NPROC` asks for."""
-    nproc = 1 if is_worker() else processes_requested()
-    if nproc == 1:
+def run_stage(run: Callable[[], object], module: str | None, args: list[str]) -> None:
+    """A data-parallel stage: `run` in this process (a worker leaves its process group at the
+    end), or `python -m module args` as the workers `RLHF_NPROC` asks for."""
+    if is_worker():
+        try:
+            run()
+        finally:
+            from rlhf.train.distributed import leave
+
+            leave()
+    elif (nproc := processes_requested()) == 1:
         run()
+    elif module is None:
+        raise PipelineError(f"{NPROC_ENV}={nproc}: run the stage as `python -m rlhf.stages.…`")
     else:
         run_workers(module, args, nproc)
 
 
 def run_workers(module: str, args: list[str], nproc: int) -> None:
-    """Run `python -m module args` as `nproc` workers on this host and wait for them. A worker
-    that stopped on an error it explained (its `error:` line) ends this process with the same
-    status; any other failure raises `WorkerFailed` naming the first rank that failed."""
+    """Run `python -m module args` as `nproc` workers on this host and wait for them.
+
+    A worker that stopped on an error it explained (its `error:` line) ends this process
+    with USER_ERROR; a worker killed or crashed raises `WorkerFailed` naming it (the others'
+    broken collectives, PEER_LOST, are not causes); Ctrl-C is a KeyboardInterrupt as in one
+    process, another signal ends this process as that signal would."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # said below
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed"):  # the agent's account: said below, in a line
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    # torchrun's default for CPU workers, which would otherwise each take every core
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -73,20 +90,41 @@ def run_workers(module: str, args: list[str], nproc: int) -> None:
     )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", module, *args)
+    except SignalException as exc:
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise SystemExit(128 + exc.sigval) from None
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        if failure.exitcode == USER_ERROR:
-            raise SystemExit(USER_ERROR) from None
-        raise WorkerFailed(rank, nproc, failure.exitcode, failure.signal_name()) from None
+        raise worker_failure(exc.failures, nproc) from None
 
 
-class WorkerFailed(PipelineError):
-    """A worker of a data-parallel stage exited with an error or was killed."""
-
-    def __init__(self, rank: int, nproc: int, exitcode: int, signal: str) -> None:
-        how = f"was killed by {signal}" if exitcode < 0 else f"exited with status {exitcode}"
-        super().__init__(
-            f"rank {rank} of {nproc} {how}, and the other ranks were stopped; run the stage "
-            "again (dvc repro) to resume from its last save (RLHF_DEBUG=1 shows each rank's "
-            "traceback)"
+def worker_failure(failures: dict, nproc: int) -> BaseException:
+    """What ends the stage when workers failed ({rank: ProcessFailure}): the rank that failed
+    first of its own accord, not one whose collective broke because of it nor one the agent
+    stopped (SIGTERM) because of it."""
+    if any(f.exitcode == USER_ERROR for f in failures.values()):
+        return SystemExit(USER_ERROR)  # that worker printed why
+    stopped = {rank: f for rank, f in failures.items() if f.exitcode == -signal.SIGTERM}
+    causes = {
+        rank: f for rank, f in failures.items() if f.exitcode != PEER_LOST and rank not in stopped
+    } or stopped  # all stopped: the stage itself was (a SIGTERM from outside)
+    if not causes:
+        return WorkerFailed(
+            f"a collective failed on all {nproc} ranks (the process group could not form or "
+            "broke); RLHF_DEBUG=1 shows each rank's traceback"
         )
+    rank = min(causes, key=lambda r: (causes[r].timestamp, r))
+    failure = causes[rank]
+    how = (
+        f"was killed by {failure.signal_name()}"
+        if failure.exitcode < 0
+        else f"exited with status {failure.exitcode}"
+    )
+    return WorkerFailed(
+        f"rank {rank} of {nproc} {how}, and the other ranks were stopped; run the stage again "
+        "(dvc repro) to resume from its last save (RLHF_DEBUG=1 shows each rank's traceback)"
+    )
+
+
+class WorkerFailed(StageInterrupted):
+    """A worker of a data-parallel stage was killed or crashed: a rerun resumes."""

@@ -17,7 +17,7 @@ from rlhf.algorithms.reward_model import (
     score,
     score_rows,
 )
-from rlhf.data.comparisons import encode_groups, response_lengths
+from rlhf.data.comparisons import encode_groups, paired, response_lengths
 from rlhf.data.schemas import COMPARISON_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.stages import fitting, paths
@@ -61,6 +61,7 @@ def run() -> dict[str, Any]:
         batch_loss=lambda rows: group_loss(
             model, [train_groups[i] for i in rows], pad, cfg.pooling
         ),
+        units=lambda rows: paired([train_groups[i] for i in rows]),  # prompts with a pair
         evaluate=lambda: {
             "val_loss": mean_group_loss(model, val_groups, pad, cfg.pooling, cfg.batch_size)
         },

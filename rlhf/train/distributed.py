@@ -6,6 +6,8 @@ reads RANK, WORLD_SIZE and LOCAL_RANK from the environment torchrun sets. The ba
 params.yaml is the global batch: every rank takes a contiguous share of the same seeded batch
 order, and losses are normalized by the units (tokens, prompts) of the whole global batch, so
 the gradient N processes apply equals the one process's, up to floating-point summation order.
+Shares are strided (rank r takes rows r, r + N, ...): batches are cut from rows sorted by
+length, and strides give every rank rows of every length.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlhf.errors import ResourceError
+
 # a rank waiting this long in a collective for a peer gives up (the launcher stops the rest
-# at once when one dies; this bounds a hang it cannot see)
-COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# at once when one dies; this bounds a hang it cannot see, and covers rank 0 writing the
+# resume state of a large model while the others wait at the next step)
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -39,14 +44,12 @@ class World:
         return self.size > 1
 
     def shard(self, rows: list[int]) -> tuple[list[int], bool]:
-        """This rank's contiguous share of a global batch, and whether it holds any row.
+        """This rank's strided share of a global batch, and whether it holds any row.
 
         A rank left without rows (a last batch smaller than the world) forwards the batch's
         first row with weight 0: every rank must run the same forwards and backwards for the
         gradients to be reduced."""
-        per_rank, extra = divmod(len(rows), self.size)
-        start = self.rank * per_rank + min(self.rank, extra)
-        mine = rows[start : start + per_rank + (self.rank < extra)]
+        mine = rows[self.rank :: self.size]
         return (mine, True) if mine else (rows[:1], False)
 
 
@@ -66,6 +69,11 @@ def join(world: World, device: torch.device) -> torch.device:
     if not world.distributed:
         return device
     if device.type == "cuda":
+        if world.local_rank >= torch.cuda.device_count():
+            raise ResourceError(
+                f"{world.size} processes on this host but {torch.cuda.device_count()} GPUs "
+                "visible: set RLHF_NPROC to at most that (or auto)"
+            )
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
@@ -79,9 +87,15 @@ def _device_id(device: torch.device) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
-def leave(world: World) -> None:
-    if world.distributed and dist.is_initialized():
+def leave() -> None:
+    """Leave the process group, if this process joined one."""
+    if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
 
 
 def sum_across(world: World, values: list[float], device: torch.device) -> list[float]:
@@ -94,11 +108,9 @@ def sum_across(world: World, values: list[float], device: torch.device) -> list[
     return totals.tolist()
 
 
-def data_parallel(model: nn.Module, world: World, device: torch.device) -> nn.Module:
-    """What the training step forwards through: the model itself in one process, else a
-    DistributedDataParallel wrapper that averages gradients across ranks in backward."""
-    if not world.distributed:
-        return model
+def data_parallel(model: nn.Module, device: torch.device) -> nn.Module:
+    """A DistributedDataParallel wrapper of `model`, averaging gradients across the ranks in
+    backward."""
     ids = [device.index] if device.type == "cuda" else None
     # a stage trains some of the backbone's heads and not others (SFT no reward head): DDP
     # must find the unused ones each step, or their bucket never reduces anything

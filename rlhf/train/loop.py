@@ -26,7 +26,13 @@ from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
 from rlhf.train.device import autocast, rng_state, set_rng_state
-from rlhf.train.distributed import World, data_parallel, globally_normalized, sum_across
+from rlhf.train.distributed import (
+    World,
+    barrier,
+    data_parallel,
+    globally_normalized,
+    sum_across,
+)
 from rlhf.train.guard import NonFiniteError, grad_norm, require_finite
 from rlhf.train.optim import adamw, lr_at, set_lr
 
@@ -45,7 +51,7 @@ class History:
     steps: list[dict[str, float]] = field(default_factory=list)
     epochs: list[dict[str, float]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # what the stage keeps across a resume
-    tokens: int = 0  # processed in this process (throughput), not restored on resume
+    tokens: int = 0  # processed by this run, every rank (throughput), not restored on resume
     seconds: float = 0.0
     resumed_from: int = 0
 
@@ -98,9 +104,25 @@ def global_step(
         return loss.item(), stats, units, tokens
     local = [loss.item() * units, units, tokens, *(value * units for value in stats.values())]
     summed = sum_across(world, local, device)
-    total = summed[1]
+    total = summed[1] or 1.0  # a global batch without a single unit (no pair): loss 0
     reduced = {key: value / total for key, value in zip(stats, summed[3:], strict=True)}
     return summed[0] / total, reduced, total, round(summed[2])
+
+
+def resume_state(
+    resume_file: Path, fingerprint: str, world: World, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """The saved state to resume, the same on every rank: rank 0 reads it first (and moves
+    an unreadable file aside), the others once it has."""
+    state = (
+        checkpoint.load_resume(resume_file, fingerprint, RESUME_KEYS, log)
+        if world.is_main
+        else None
+    )
+    barrier(world)
+    if not world.is_main:
+        state = checkpoint.load_resume(resume_file, fingerprint, RESUME_KEYS, log)
+    return state
 
 
 # Batches are cut from windows of this many batches sorted by length: enough to make batches
@@ -175,14 +197,12 @@ def fit(
     """
     optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
     step_loss = (
-        data_parallel(StepLoss(model, batch_loss), world, device)
-        if world.distributed
-        else batch_loss
+        data_parallel(StepLoss(model, batch_loss), device) if world.distributed else batch_loss
     )
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
     total = opt.epochs * steps_per_epoch
     history = History()
-    state = checkpoint.load_resume(resume_file, fingerprint, RESUME_KEYS, log)
+    state = resume_state(resume_file, fingerprint, world, log)
     if state is None:
         model.eval()
         with torch.no_grad():
