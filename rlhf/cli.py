@@ -100,7 +100,7 @@ def sft() -> None:
     from rlhf.stages import launch
     from rlhf.stages import sft as stage
 
-    launch.run_stage(stage.run, "rlhf.stages.sft", [])
+    launch.run_stage(stage.run, stage.__name__, [])
 
 
 @command()
@@ -117,7 +117,7 @@ def rm() -> None:
     from rlhf.stages import launch
     from rlhf.stages import rm as stage
 
-    launch.run_stage(stage.run, "rlhf.stages.rm", [])
+    launch.run_stage(stage.run, stage.__name__, [])
 
 
 @command()
@@ -140,7 +140,7 @@ def dpo() -> None:
     from rlhf.stages import dpo as stage
     from rlhf.stages import launch
 
-    launch.run_stage(stage.run, "rlhf.stages.dpo", [])
+    launch.run_stage(stage.run, stage.__name__, [])
 
 
 @command()
