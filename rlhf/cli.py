@@ -127,10 +127,12 @@ def rl(
                             "params.yaml says how it optimizes.")
     ],
 ) -> None:  # fmt: skip
-    """Optimize the SFT policy with an RL algorithm (stage `rl@ALGORITHM`); resumes."""
+    """Optimize the SFT policy with an RL algorithm (stage `rl@ALGORITHM`); resumes;
+    RLHF_NPROC processes."""
+    from rlhf.stages import launch
     from rlhf.stages import rl as stage
 
-    stage.run(algorithm)
+    launch.run_stage(lambda: stage.run(algorithm), stage.__name__, [algorithm])
 
 
 @command()

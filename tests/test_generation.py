@@ -13,6 +13,7 @@ from rlhf.sampling.sampler import (
     nucleus,
     sample_from,
 )
+from rlhf.sampling.streams import RowStreams
 
 EOS, PAD = 1, 2
 
@@ -86,6 +87,33 @@ def test_batched_greedy_equals_each_prompt_alone(model):
     for i, prompt in enumerate(PROMPTS):
         alone = generate(model, [prompt], eos_id=EOS, pad_id=PAD, config=config).tokens[0]
         assert torch.equal(batched[i], alone)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(max_new_tokens=12),
+        SamplingConfig(max_new_tokens=12, temperature=1.5, top_p=0.5),  # many redraws
+        SamplingConfig(max_new_tokens=12, top_k=5, top_p=0.8),
+    ],
+)
+def test_a_stream_per_row_samples_each_row_alike_in_any_batch(model, config):
+    """What data-parallel ranks rely on: a row's answer depends on its seed alone, not on the
+    rows beside it; one shared generator would hand the same row other draws."""
+    seeds = [11, 12, 13]
+    together = generate(model, PROMPTS, eos_id=EOS, pad_id=PAD, config=config,
+                        generator=RowStreams(seeds))  # fmt: skip
+    for rows in ([2, 0], [1]):
+        apart = generate(model, [PROMPTS[i] for i in rows], eos_id=EOS, pad_id=PAD,
+                         config=config, generator=RowStreams([seeds[i] for i in rows]))  # fmt: skip
+        assert torch.equal(apart.tokens, together.tokens[rows])
+    shared = generate(model, [PROMPTS[1]], eos_id=EOS, pad_id=PAD, config=config,
+                      generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert not torch.equal(shared.tokens[0], together.tokens[1])  # the seed is what decides
+    reseeded = generate(model, PROMPTS, eos_id=EOS, pad_id=PAD, config=config,
+                        generator=RowStreams([11, 99, 13]))  # fmt: skip
+    assert torch.equal(reseeded.tokens[[0, 2]], together.tokens[[0, 2]])
+    assert not torch.equal(reseeded.tokens[1], together.tokens[1])
 
 
 def kept_by_sort(probs, top_p):

@@ -18,6 +18,7 @@ from rlhf.data.chat import decode_response, prompt_ids
 from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
 from rlhf.sampling.sampler import SamplingConfig, choose_from_probs
+from rlhf.sampling.streams import RandomSource
 
 
 @dataclass
@@ -38,9 +39,10 @@ def generate(
     eos_id: int,
     pad_id: int,
     config: SamplingConfig,
-    generator: torch.Generator | None = None,
+    generator: RandomSource = None,
 ) -> Generation:
-    """Sample responses for token-id prompts; prompts longer than the context keep their end."""
+    """Sample responses for token-id prompts; prompts longer than the context keep their end.
+    `generator`: a torch generator, or `RowStreams` with a stream for each prompt."""
     device = next(model.parameters()).device
     budget = model.max_seq_len - config.max_new_tokens
     if budget < 1:

@@ -19,6 +19,7 @@ from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
 from rlhf.sampling.generate import generate
 from rlhf.sampling.sampler import SamplingConfig
+from rlhf.sampling.streams import RandomSource
 
 
 @dataclass
@@ -43,7 +44,7 @@ def sample_rollout(
     tokenizer: Tokenizer,
     prompts: Sequence[str],
     config: SamplingConfig,
-    generator: torch.Generator | None = None,
+    generator: RandomSource = None,
 ) -> Rollout:
     out = generate(
         policy,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlhf.sampling.streams import RandomSource, uniforms
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -49,19 +51,20 @@ def nucleus(sorted_probs: Tensor, top_p: float) -> Tensor:
     return sorted_probs.masked_fill(before.gather(-1, run_start) >= top_p, 0.0)
 
 
-def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One index per row [B] from unnormalized probs [B, V] by inverting the cumulative sum.
+def sample_from(probs: Tensor, source: RandomSource, rows: Tensor | None = None) -> Tensor:
+    """One index per row [B] from unnormalized probs [B, V] by inverting the cumulative sum;
+    `rows` are the batch rows these are (None: all), for a source with a stream per row.
 
     `torch.multinomial` draws an exponential variate for every entry of the [B, V] table and
     took a third of each decoding step; this draws one uniform per row. Entries of zero
     probability are never picked: their cumulative mass equals their predecessor's.
     """
-    return _invert(probs.cumsum(dim=-1), generator)
+    return _invert(probs.cumsum(dim=-1), source, rows)
 
 
-def _invert(cdf: Tensor, generator: torch.Generator | None) -> Tensor:
+def _invert(cdf: Tensor, source: RandomSource, rows: Tensor | None) -> Tensor:
     """Indices [B] for one uniform per row under cumulative sums cdf [B, V]."""
-    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    u = uniforms(source, cdf.shape[0], rows, cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
@@ -76,16 +79,16 @@ def in_nucleus(probs: Tensor, tokens: Tensor, limit: Tensor) -> Tensor:
 
 
 def _sample_sorted(
-    values: Tensor, ids: Tensor, top_p: float, generator: torch.Generator | None
+    values: Tensor, ids: Tensor, top_p: float, source: RandomSource, rows: Tensor | None = None
 ) -> Tensor:
     """Token ids [B] drawn from the top-p nucleus of sorted (descending) probs values [B, C]
     whose token ids are `ids` [B, C]."""
     values = values / values.sum(-1, keepdim=True)
-    choice = sample_from(nucleus(values, top_p), generator)
+    choice = sample_from(nucleus(values, top_p), source, rows)
     return ids.gather(-1, choice[:, None]).squeeze(-1)
 
 
-def sample_nucleus(probs: Tensor, top_p: float, generator: torch.Generator | None) -> Tensor:
+def sample_nucleus(probs: Tensor, top_p: float, source: RandomSource) -> Tensor:
     """One token per row [B] from the top-p nucleus of unnormalized probs [B, V], unsorted.
 
     A draw from the whole distribution that lands in the nucleus is a draw from the
@@ -95,23 +98,21 @@ def sample_nucleus(probs: Tensor, top_p: float, generator: torch.Generator | Non
     """
     cdf = probs.cumsum(dim=-1)  # [B, V]
     limit = top_p * cdf[:, -1]  # [B]
-    tokens = _invert(cdf, generator)
+    tokens = _invert(cdf, source, None)
     pending = torch.nonzero(~in_nucleus(probs, tokens, limit)).squeeze(-1)
     for _ in range(MAX_NUCLEUS_DRAWS):
         if not len(pending):
             return tokens
-        draws = _invert(cdf[pending], generator)
+        draws = _invert(cdf[pending], source, pending)
         tokens[pending] = draws
         pending = pending[~in_nucleus(probs[pending], draws, limit[pending])]
     if len(pending):
         sorted_probs, order = torch.sort(probs[pending], dim=-1, descending=True)
-        tokens[pending] = _sample_sorted(sorted_probs, order, top_p, generator)
+        tokens[pending] = _sample_sorted(sorted_probs, order, top_p, source, pending)
     return tokens
 
 
-def choose_from_probs(
-    probs: Tensor, config: SamplingConfig, generator: torch.Generator | None
-) -> Tensor:
+def choose_from_probs(probs: Tensor, config: SamplingConfig, source: RandomSource) -> Tensor:
     """Next token ids [B] from unnormalized probs [B, V] (temperature already applied);
     zero-probability tokens are never chosen. Top-k keeps the k most likely tokens (ties at
     the k-th place broken by `torch.topk`), then top-p applies within them."""
@@ -119,7 +120,7 @@ def choose_from_probs(
         return probs.argmax(dim=-1)
     if config.top_k and config.top_k < probs.shape[-1]:
         values, ids = torch.topk(probs, config.top_k, dim=-1)  # sorted, descending
-        return _sample_sorted(values, ids, config.top_p, generator)  # top-p of the top k
+        return _sample_sorted(values, ids, config.top_p, source)  # top-p of the top k
     if config.top_p >= 1.0:
-        return sample_from(probs, generator)
-    return sample_nucleus(probs, config.top_p, generator)
+        return sample_from(probs, source)
+    return sample_nucleus(probs, config.top_p, source)

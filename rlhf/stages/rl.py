@@ -6,6 +6,9 @@ every algorithm shares. Outputs: `artifacts/NAME/` (model, sampled answers, snap
 over-optimization curve), `metrics/NAME.json`, and each iteration's statistics as training
 curves in `dvclive/NAME/`.
 
+`RLHF_NPROC` processes (`rlhf.stages.launch`) sample, score and train on shares of every
+iteration's answers and compute what one process does (`rlhf.algorithms.rl.shards`).
+
 Resume state (policy, critic, optimizers, KL coefficient, step, RNGs, history) is saved every
 `rl.save_every` iterations; a killed run started again continues from there and, on CPU,
 ends with the same numbers as an uninterrupted one. At the end the policy and SFT sample
@@ -40,6 +43,7 @@ from rlhf.stages.outputs import published, write_timings
 from rlhf.stages.specs import ITEM, Plot, StageSpec
 from rlhf.stages.trained import finish, reporting, stage_curves
 from rlhf.train.guard import NonFiniteError
+from rlhf.train.loop import resume_state
 
 RESUME_KEYS = ("trainer", "history", "samples")
 SAMPLES_LOGGED = 4  # answers of a rollout written to samples.jsonl when samples are due
@@ -106,6 +110,7 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         prompts=[r["prompt"] for r in read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)],
         seed=p.seed,
         ptx_examples=[encode_example(tokenizer, d["prompt"], d["response"], block) for d in demos],
+        world=stage.world,
     )
 
 
@@ -164,19 +169,23 @@ def policy_payload(stage: StageRun, trainer: RLTrainer) -> dict[str, Any]:
 
 def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], list[dict]]:
     """Iterate to `steps`, resuming from saved state, logging samples, curves and taking
-    snapshots; returns the per-iteration statistics and the logged samples."""
+    snapshots; returns the per-iteration statistics and the logged samples. Every rank
+    computes the same statistics; rank 0 alone writes snapshots and the resume state."""
     shared, steps, staging = stage.params.rl, trainer.cfg.steps, snapshot_staging(stage)
     fingerprint, resume = stage.fingerprint(), stage.spec.resume_file
+    writes = stage.world.is_main
     history: list[dict[str, float]] = []
     samples: list[dict[str, Any]] = []
-    if (state := checkpoint.load_resume(resume, fingerprint, RESUME_KEYS, stage.log)) is not None:
+    state = resume_state(resume, fingerprint, stage.world, stage.log, RESUME_KEYS)
+    if state is not None:
         trainer.load_state_dict(state["trainer"])
         history, samples = state["history"], json.loads(state["samples"])
         stage.log(f"resuming from iteration {trainer.step} of {steps}")
-    else:
+    elif writes:
         shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True, exist_ok=True)
-    remove_stale_in(staging)  # a snapshot half-written when the last run was killed
+    if writes:
+        staging.mkdir(parents=True, exist_ok=True)
+        remove_stale_in(staging)  # a snapshot half-written when the last run was killed
     saved = trainer.step
     with reporting(stage) as (bar, curves):
         for stats in history:  # a fresh curve log holds the restored iterations too
@@ -197,9 +206,9 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                     stage.log(f"[{s['score']:+.2f}] {s['prompt']!r} -> {s['response']!r}")
             bar.update(task, completed=step, extra=f"score {stats['score']:+.3f} kl "
                        f"{stats['kl']:.3f} beta {stats['beta']:.3f}")  # fmt: skip
-            if more and shared.snapshot_every and step % shared.snapshot_every == 0:
+            if writes and more and shared.snapshot_every and step % shared.snapshot_every == 0:
                 checkpoint.save(staging / f"step_{step:05d}.pt", policy_payload(stage, trainer))
-            if more and step % shared.save_every == 0:
+            if writes and more and step % shared.save_every == 0:
                 state = {"trainer": trainer.state_dict(), "history": history,
                          "samples": json.dumps(samples)}  # fmt: skip
                 checkpoint.save_resume(resume, fingerprint, state)
@@ -238,6 +247,8 @@ def run(algorithm: str) -> dict[str, Any]:
     p, shared = stage.params, stage.params.rl
     trainer = build_trainer(stage, algorithm)
     history, samples = train(stage, trainer)
+    if not stage.world.is_main:  # rank 0 judges the policy and publishes
+        return {}
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     metrics = summary(history, trainer) | versus_reference(
         trainer.policy, trainer.reference, stage.tokenizer, heldout,
@@ -261,4 +272,4 @@ def run_from_command_line(args: list[str]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(lambda: run_from_command_line(sys.argv[1:]))
+    main(lambda: run_from_command_line(sys.argv[1:]), data_parallel=True)

@@ -108,13 +108,47 @@ def sum_across(world: World, values: list[float], device: torch.device) -> list[
     return totals.tolist()
 
 
-def data_parallel(model: nn.Module, device: torch.device) -> nn.Module:
+def max_across(world: World, value: int, device: torch.device) -> int:
+    """The largest of the ranks' values."""
+    if not world.distributed:
+        return value
+    largest = torch.tensor([value], device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest)
+
+
+def gather_rows(world: World, tensors: list[Tensor], count: int) -> list[Tensor]:
+    """A global batch shared out by `World.shard`, whole again on every rank: each of
+    `tensors` holds this rank's rows (its first `count`; 0 for a rank that held none), each
+    result every rank's rows in global order. Shapes past the first agree across ranks."""
+    if not world.distributed:
+        return tensors
+    device = tensors[0].device
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world.size)]
+    dist.all_gather(counts, torch.tensor([count], device=device))
+    sizes = [int(c) for c in counts]
+    gathered = []
+    for tensor in tensors:
+        sent = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor  # gloo: no bool
+        padded = sent.new_zeros((max(sizes), *sent.shape[1:]))
+        padded[:count] = sent[:count]
+        parts = [torch.empty_like(padded) for _ in range(world.size)]
+        dist.all_gather(parts, padded)
+        whole = sent.new_empty((sum(sizes), *sent.shape[1:]))
+        for rank, (part, size) in enumerate(zip(parts, sizes, strict=True)):
+            whole[rank :: world.size] = part[:size]  # rank r held rows r, r + N, ...
+        gathered.append(whole.to(tensor.dtype))
+    return gathered
+
+
+def data_parallel(model: nn.Module) -> nn.Module:
     """A DistributedDataParallel wrapper of `model`, averaging gradients across the ranks in
     backward."""
-    ids = [device.index] if device.type == "cuda" else None
     # a stage trains some of the backbone's heads and not others (SFT no reward head): DDP
-    # must find the unused ones each step, or their bucket never reduces anything
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+    # must find the unused ones each step, or their bucket never reduces anything. No
+    # device_ids: the inputs are already on the device, and DDP would copy (and rebuild) any
+    # dataclass it was passed
+    return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
 
 
 def globally_normalized(loss: Tensor, units: float, total_units: float, world: World) -> Tensor:

@@ -78,16 +78,16 @@ def curve_points(
 
 
 class StepLoss(nn.Module):
-    """A batch loss as the forward of a module holding the model, for DDP to run: the stages'
-    losses reach into the model (packed forwards, reward heads) rather than calling its
+    """A loss as the forward of a module holding the model, for DDP to run: the stages' losses
+    reach into the model (packed forwards, reward and value heads) rather than calling its
     forward, and DDP prepares its gradient reduction only for what runs inside its own."""
 
-    def __init__(self, model: Backbone, batch_loss: BatchLoss) -> None:
+    def __init__(self, model: Backbone, loss: Callable[..., Any]) -> None:
         super().__init__()
-        self.model, self.batch_loss = model, batch_loss
+        self.model, self.loss = model, loss
 
-    def forward(self, rows: list[int]) -> tuple[Tensor, int]:
-        return self.batch_loss(rows)
+    def forward(self, *args: Any) -> Any:
+        return self.loss(*args)
 
 
 def global_step(
@@ -110,18 +110,18 @@ def global_step(
 
 
 def resume_state(
-    resume_file: Path, fingerprint: str, world: World, log: Callable[[str], None]
+    resume_file: Path,
+    fingerprint: str,
+    world: World,
+    log: Callable[[str], None],
+    keys: Sequence[str] = RESUME_KEYS,
 ) -> dict[str, Any] | None:
     """The saved state to resume, the same on every rank: rank 0 reads it first (and moves
     an unreadable file aside), the others once it has."""
-    state = (
-        checkpoint.load_resume(resume_file, fingerprint, RESUME_KEYS, log)
-        if world.is_main
-        else None
-    )
+    state = checkpoint.load_resume(resume_file, fingerprint, keys, log) if world.is_main else None
     barrier(world)
     if not world.is_main:
-        state = checkpoint.load_resume(resume_file, fingerprint, RESUME_KEYS, log)
+        state = checkpoint.load_resume(resume_file, fingerprint, keys, log)
     return state
 
 
@@ -196,9 +196,7 @@ def fit(
     gradient norm raises `NonFiniteError` before its update (`rlhf.train.guard`).
     """
     optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
-    step_loss = (
-        data_parallel(StepLoss(model, batch_loss), device) if world.distributed else batch_loss
-    )
+    step_loss = data_parallel(StepLoss(model, batch_loss)) if world.distributed else batch_loss
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
     total = opt.epochs * steps_per_epoch
     history = History()

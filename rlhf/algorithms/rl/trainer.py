@@ -32,6 +32,7 @@ from rlhf.algorithms.rl.losses import (
     masked_mean,
 )
 from rlhf.algorithms.rl.registry import Algorithm
+from rlhf.algorithms.rl.shards import whole_batch
 from rlhf.algorithms.scorers import Scorer
 from rlhf.algorithms.sft import masked_lm_loss
 from rlhf.data.batching import collate
@@ -42,9 +43,11 @@ from rlhf.params import ClipParams, CriticParams, PolicyOptimParams, RLParams
 from rlhf.sampling.forward import response_forward, response_values
 from rlhf.sampling.rollout import Rollout, sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
+from rlhf.sampling.streams import SEED_LIMIT, RowStreams
 from rlhf.train.device import autocast, rng_state, set_rng_state
+from rlhf.train.distributed import World, data_parallel, sum_across
 from rlhf.train.guard import grad_norm, require_finite
-from rlhf.train.loop import batch_order
+from rlhf.train.loop import StepLoss, batch_order
 from rlhf.train.optim import adamw, lr_at, set_lr
 
 
@@ -59,7 +62,9 @@ class Experience:
     returns: Tensor | None  # [B, N] what the critic regresses on
 
 
-Recorder = Callable[..., None]  # record(name=value, ...): one value per minibatch
+# record(weight, name=value, ...): this rank's minibatch statistics, each a mean over its
+# rows, with `weight` the rows' share of the minibatch's units (1 in one process)
+Recorder = Callable[..., None]
 
 
 def prompt_schedule(n_prompts: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -87,14 +92,17 @@ class RLTrainer:
         prompts: Sequence[str],
         seed: int,
         ptx_examples: Sequence[Example] = (),
+        world: World = World(),  # noqa: B008 (frozen)
     ):
         """critic: the separate critic (`critic: separate`); None for a value head on the
-        policy (`critic: shared`) or an algorithm without a critic."""
+        policy (`critic: shared`) or an algorithm without a critic. Under torchrun (`world`)
+        each rank samples and scores its share of every iteration's rows and trains on its
+        share of every minibatch, its gradients averaged by DistributedDataParallel."""
         self.algorithm, self.cfg, self.shared = algorithm, cfg, shared
         self.policy, self.reference, self.critic = policy, reference, critic
         self.scorer, self.tokenizer = scorer, tokenizer
         self.prompts, self.seed = list(prompts), seed
-        self.ptx_examples = list(ptx_examples)
+        self.ptx_examples, self.world = list(ptx_examples), world
         self.shared_critic = isinstance(cfg, CriticParams) and cfg.critic == "shared"
         if isinstance(cfg, CriticParams) and cfg.critic == "separate" and critic is None:
             raise ValueError(f"{algorithm.name} with critic: separate needs a critic model")
@@ -112,7 +120,7 @@ class RLTrainer:
             top_k=shared.top_k,
             top_p=shared.top_p,
         )
-        self.sample_rng = torch.Generator(self.device).manual_seed(seed)
+        self.sample_rng = torch.Generator().manual_seed(seed)  # each row's sampling seed
         self.shuffle_rng = torch.Generator().manual_seed(seed + 1)
         self.ptx_rng = random.Random(seed + 2)
         self.step = 0
@@ -120,39 +128,48 @@ class RLTrainer:
             if model is not None:
                 model.eval()  # dropout off everywhere: it would make the ratios noise
         reference.requires_grad_(False)
+        # the losses as DDP runs them: one gradient reduction per minibatch and model
+        self.policy_loss = self._minibatch_loss
+        self.critic_loss = self._critic_loss
+        if world.distributed:
+            self.policy_loss = data_parallel(StepLoss(policy, self._minibatch_loss))
+            if critic is not None:
+                self.critic_loss = data_parallel(StepLoss(critic, self._critic_loss))
 
     # -- experience ------------------------------------------------------------------------
     @torch.no_grad()
     def make_experience(self, prompts: Sequence[str]) -> tuple[Experience, dict[str, float]]:
-        """Sample `group_size` answers to each prompt, score them, estimate advantages."""
-        cfg, shared = self.cfg, self.shared
+        """Sample `group_size` answers to each prompt, score them, estimate advantages.
+
+        Every answer is sampled from its own seeded stream, so a rank sampling a share of
+        them samples what one process does; the shares are scored where they were sampled
+        and gathered, and the rest is computed on the whole batch by every rank."""
+        cfg, shared, world = self.cfg, self.shared, self.world
+        rows = [p for p in prompts for _ in range(cfg.group_size)]
+        seeds = torch.randint(SEED_LIMIT, (len(rows),), generator=self.sample_rng).tolist()
+        mine, holds_rows = world.shard(list(range(len(rows))))
         started = time.perf_counter()
-        rollout = sample_rollout(
+        share = sample_rollout(
             self.policy,
             self.tokenizer,
-            [p for p in prompts for _ in range(cfg.group_size)],
+            [rows[i] for i in mine],
             self.sampling,
-            self.sample_rng,
+            RowStreams([seeds[i] for i in mine]),
         )
         rollout_s = time.perf_counter() - started
 
         started = time.perf_counter()
-        args = (rollout.sequences, rollout.attention_mask, rollout.prompt_width)
-        with autocast(self.device, cfg.bf16):
-            policy_out = response_forward(self.policy, *args, shared.temperature)
-            ref_logprobs = response_forward(self.reference, *args, shared.temperature).logprobs
-            values = None
-            if self.critic is not None:
-                values = response_values(self.critic, *args)
-            elif self.shared_critic:
-                values = self.policy.values(policy_out.hidden).float()
+        rollout, scored = whole_batch(
+            world, rows, share, self._score(share), holds_rows, self.tokenizer
+        )
+        policy_logprobs, ref_logprobs = scored["policy_logprobs"], scored["ref_logprobs"]
+        values, scores = scored.get("values"), scored["scores"]
         mask = rollout.response_mask
-        scores = self.scorer(rollout.prompts, rollout.responses).to(self.device)
         rewards = scores - shared.missing_eos_penalty * (~rollout.ended).float()
         rewards = rewards - shared.length_penalty * rollout.lengths.float()
         rewards = rewards.clamp(-shared.reward_clip, shared.reward_clip)
         beta = self.kl_ctl.beta if self.algorithm.kl_penalty == "reward" else 0.0
-        kl = kl_per_token(policy_out.logprobs, ref_logprobs)  # k1, as the penalty always was
+        kl = kl_per_token(policy_logprobs, ref_logprobs)  # k1, as the penalty always was
         penalty = torch.where(mask, -beta * kl, 0.0)  # [B, N]
         per_token = token_rewards(rewards, penalty, mask)
         if values is not None:
@@ -162,14 +179,14 @@ class RLTrainer:
 
         experience = Experience(
             rollout=rollout,
-            old_logprobs=policy_out.logprobs,
+            old_logprobs=policy_logprobs,
             ref_logprobs=ref_logprobs,
             scores=scores,
             advantages=advantages,
             values=values,
             returns=returns,
         )
-        logged_kl = kl_per_token(policy_out.logprobs, ref_logprobs, shared.kl_estimator)
+        logged_kl = kl_per_token(policy_logprobs, ref_logprobs, shared.kl_estimator)
         generated = float(mask.sum())
         stats = {
             "score": float(scores.mean()),
@@ -189,17 +206,47 @@ class RLTrainer:
         }
         return experience, stats
 
+    def _score(self, rollout: Rollout) -> dict[str, Tensor]:
+        """What the models say of each row: policy and reference log-probs [B, N], the
+        critic's values [B, N] where there is a critic, the reward source's scores [B]."""
+        args = (rollout.sequences, rollout.attention_mask, rollout.prompt_width)
+        with autocast(self.device, self.cfg.bf16):
+            policy_out = response_forward(self.policy, *args, self.shared.temperature)
+            scored = {
+                "policy_logprobs": policy_out.logprobs,
+                "ref_logprobs": response_forward(
+                    self.reference, *args, self.shared.temperature
+                ).logprobs,
+            }
+            if self.critic is not None:
+                scored["values"] = response_values(self.critic, *args)
+            elif self.shared_critic:
+                scored["values"] = self.policy.values(policy_out.hidden).float()
+        scored["scores"] = self.scorer(rollout.prompts, rollout.responses).to(self.device)
+        return scored
+
     # -- update ----------------------------------------------------------------------------
-    def _ptx_loss(self) -> Tensor:
+    def _ptx_loss(self, record: Recorder) -> Tensor:
+        """This rank's part of the pretraining-mix LM loss on demonstrations drawn alike on
+        every rank: the token mean over its share, weighted by the share's tokens."""
         batch = self.ptx_rng.sample(
             self.ptx_examples, min(self.cfg.ptx_batch_size, len(self.ptx_examples))
         )
-        inputs, targets = collate(batch, self.tokenizer.pad_id)
-        return masked_lm_loss(self.policy, inputs.to(self.device), targets.to(self.device))
+        rows, holds_rows = self.world.shard(list(range(len(batch))))
+        mine = [batch[i] for i in rows]
+        tokens = sum(e.target_count for e in mine) if holds_rows else 0
+        weight = tokens / sum(e.target_count for e in batch)
+        inputs, targets = collate(mine, self.tokenizer.pad_id)
+        ptx = masked_lm_loss(self.policy, inputs.to(self.device), targets.to(self.device))
+        record(weight, ptx_loss=ptx)
+        return ptx * (weight * self.world.size)
 
-    def _critic_step(self, exp: Experience, rows: Tensor) -> tuple[Tensor, Tensor]:
-        assert self.critic is not None and self.critic_opt is not None
-        assert isinstance(self.cfg, CriticParams)
+    def _critic_loss(
+        self, exp: Experience, rows: Tensor, weight: float, record: Recorder
+    ) -> Tensor:
+        """This rank's part of the critic's clipped value loss on some rows of the rollout
+        (weighted as `_minibatch_loss` is)."""
+        assert isinstance(self.cfg, CriticParams) and self.critic is not None
         assert exp.values is not None and exp.returns is not None
         part = exp.rollout
         values = response_values(
@@ -212,16 +259,15 @@ class RLTrainer:
             part.response_mask[rows],
             self.cfg.cliprange_value,
         )
-        self.critic_opt.zero_grad(set_to_none=True)
-        require_finite(self.step + 1, {"value_loss": loss})
-        loss.backward()
-        norm = grad_norm(self.critic.parameters(), self.cfg.grad_clip)
-        require_finite(self.step + 1, {"critic_grad_norm": norm})
-        self.critic_opt.step()
-        return loss.detach(), clip_fraction
+        record(weight, value_loss=loss, value_clip_fraction=clip_fraction)
+        return loss * (weight * self.world.size)
 
-    def _minibatch_loss(self, exp: Experience, rows: Tensor, record: Recorder) -> Tensor:
-        """The policy's loss on some rows of the rollout, under autocast."""
+    def _minibatch_loss(
+        self, exp: Experience, rows: Tensor, weight: float, record: Recorder
+    ) -> Tensor:
+        """This rank's part of the policy's loss on a minibatch, under autocast: the mean over
+        its rows' response tokens times `weight`, their share of the minibatch's tokens, and
+        the number of ranks, so that DDP's average of the parts is the minibatch's loss."""
         cfg, rollout = self.cfg, exp.rollout
         mask = rollout.response_mask[rows]
         out = response_forward(
@@ -241,7 +287,7 @@ class RLTrainer:
         if self.algorithm.kl_penalty == "loss":
             kl = masked_mean(kl_per_token(out.logprobs, exp.ref_logprobs[rows], "k3"), mask)
             loss = loss + self.kl_ctl.beta * kl
-            record(kl_loss=kl)
+            record(weight, kl_loss=kl)
         if self.shared_critic:
             assert isinstance(cfg, CriticParams)
             assert exp.values is not None and exp.returns is not None
@@ -253,12 +299,12 @@ class RLTrainer:
                 cfg.cliprange_value,
             )
             loss = loss + cfg.vf_coef * value_loss
-            record(value_loss=value_loss, value_clip_fraction=value_clip)
+            record(weight, value_loss=value_loss, value_clip_fraction=value_clip)
+        loss = loss * (weight * self.world.size)
         if cfg.ptx_coef > 0 and self.ptx_examples:
-            ptx = self._ptx_loss()
-            loss = loss + cfg.ptx_coef * ptx
-            record(ptx_loss=ptx)
+            loss = loss + cfg.ptx_coef * self._ptx_loss(record)
         record(
+            weight,
             policy_loss=policy.loss,
             clip_fraction=policy.clip_fraction,
             approx_kl=policy.approx_kl,
@@ -266,19 +312,38 @@ class RLTrainer:
         )
         return loss
 
+    def _apply(self, loss: Tensor, model: Backbone, optimizer: torch.optim.Optimizer) -> None:
+        """Backpropagate `loss` and step `optimizer`, unless the gradient norm is not finite."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = grad_norm(model.parameters(), self.cfg.grad_clip)
+        name = "critic_grad_norm" if model is self.critic else "policy_grad_norm"
+        require_finite(self.step + 1, {name: norm})
+        optimizer.step()
+
+    def _summed(self, weighed: list[dict[str, float]]) -> list[dict[str, float]]:
+        """Minibatches' statistics over every rank: the sums of the ranks' weighted means."""
+        flat = [value for stats in weighed for value in stats.values()]
+        summed = iter(sum_across(self.world, flat, self.device))
+        return [{key: next(summed) for key in stats} for stats in weighed]
+
     def update(self, exp: Experience) -> dict[str, float]:
         """Passes over the rollout in shuffled minibatches: several for a clipped ratio (until
         approx-KL passes `target_approx_kl`), one for a plain policy gradient. A non-finite
-        loss or gradient norm stops it before that update, naming the terms that were."""
-        cfg, step = self.cfg, self.step + 1
+        loss or gradient norm stops it before that update, naming the terms that were.
+        Each rank trains on its share of every minibatch; the statistics are the whole
+        minibatch's, reduced once per pass."""
+        cfg, step, world = self.cfg, self.step + 1, self.world
         inputs = {"scores": exp.scores.sum(), "advantages": exp.advantages.sum()}
         started = time.perf_counter()
-        totals: dict[str, list[float]] = {}
+        totals: dict[str, list[float]] = {}  # each minibatch's statistics, over every rank
+        current: dict[str, tuple[float, float]] = {}  # this minibatch's: (weight, mean)
 
-        def record(**values: float | Tensor) -> None:
+        def record(weight: float, **values: float | Tensor) -> None:
             for key, value in values.items():
-                totals.setdefault(key, []).append(
-                    float(value.detach() if isinstance(value, Tensor) else value)
+                current[key] = (
+                    weight,
+                    float(value.detach() if isinstance(value, Tensor) else value),
                 )
 
         clipped = isinstance(cfg, ClipParams)
@@ -288,23 +353,30 @@ class RLTrainer:
         trained_tokens = 0
         epochs_run = 0
         for _ in range(passes):
-            order = torch.randperm(batch, generator=self.shuffle_rng).to(self.device)
+            order = torch.randperm(batch, generator=self.shuffle_rng).tolist()
+            weighed: list[dict[str, float]] = []  # this rank's weighted means, per minibatch
             for start in starts:
-                rows = order[start : start + cfg.minibatch_size]
+                minibatch = order[start : start + cfg.minibatch_size]
+                mine, holds_rows = world.shard(minibatch)
+                tokens = int(rollout.response_mask[mine].sum()) if holds_rows else 0
+                weight = tokens / int(rollout.response_mask[minibatch].sum())
+                rows = torch.tensor(mine, device=self.device)
+                current.clear()
                 with autocast(self.device, cfg.bf16):
-                    loss = self._minibatch_loss(exp, rows, record)
-                self.policy_opt.zero_grad(set_to_none=True)
-                terms = {key: values[-1] for key, values in totals.items()}
+                    loss = self.policy_loss(exp, rows, weight, record)
+                terms = {key: value for key, (_, value) in current.items()}
                 require_finite(step, {"loss": loss}, terms | inputs)
-                loss.backward()
-                norm = grad_norm(self.policy.parameters(), cfg.grad_clip)
-                require_finite(step, {"policy_grad_norm": norm})
-                self.policy_opt.step()
-                if self.critic is not None:
+                self._apply(loss, self.policy, self.policy_opt)
+                if self.critic is not None and self.critic_opt is not None:
                     with autocast(self.device, cfg.bf16):
-                        value_loss, value_clip = self._critic_step(exp, rows)
-                    record(value_loss=value_loss, value_clip_fraction=value_clip)
-                trained_tokens += int(rollout.attention_mask[rows].sum())
+                        value_loss = self.critic_loss(exp, rows, weight, record)
+                    require_finite(step, {"value_loss": value_loss})
+                    self._apply(value_loss, self.critic, self.critic_opt)
+                weighed.append({key: w * value for key, (w, value) in current.items()})
+                trained_tokens += int(rollout.attention_mask[minibatch].sum())
+            for stats in self._summed(weighed):
+                for key, value in stats.items():
+                    totals.setdefault(key, []).append(value)
             epochs_run += 1
             pass_kl = sum(totals["approx_kl"][-len(starts) :]) / len(starts)
             if clipped and cfg.target_approx_kl and pass_kl > cfg.target_approx_kl:
