@@ -26,6 +26,7 @@ TINY_PARAMS = {
     "tokenizer": {"kind": "bpe", "vocab_size": 400},
     "model": {"init": "scratch", "n_layer": 2, "n_head": 2, "n_embd": 48, "block_size": 64},
     "memory": {"activation_checkpointing": False, "frozen_bf16": False},
+    "train": {"strategy": "ddp"},
     "data": {"n_train": 400, "n_val": 48, "n_heldout": 36, "n_prompts": 60},
     "sft": {
         "epochs": 4,

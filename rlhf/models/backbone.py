@@ -63,6 +63,11 @@ class Backbone(nn.Module, ABC):
         mask, positions = packing.mask_and_positions(segments)
         return self.trunk(ids, positions, mask, None)
 
+    @abstractmethod
+    def transformer_blocks(self) -> list[nn.Module]:
+        """The repeated blocks of the trunk, in order: the units a sharded model gathers one
+        at a time (`rlhf.train.sharding`)."""
+
     def run_block(self, block: nn.Module, x: Tensor, *args: object) -> Tensor:
         """One transformer block, checkpointed when activation checkpointing is on and a
         backward pass will follow: its activations are then recomputed, not kept."""

@@ -149,5 +149,8 @@ class GPT(Backbone):
             cache.advance(ids.shape[1])
         return self.ln_f(x)
 
+    def transformer_blocks(self) -> list[nn.Module]:
+        return list(self.blocks)
+
     def lm_logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden)

@@ -194,5 +194,8 @@ class Llama(Backbone):
             cache.advance(ids.shape[1])
         return self.norm(x)
 
+    def transformer_blocks(self) -> list[nn.Module]:
+        return list(self.layers)
+
     def lm_logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden)

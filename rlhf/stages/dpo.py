@@ -32,7 +32,7 @@ LOGPS = ("chosen_logp", "rejected_logp")
 SPEC = StageSpec(
     "dpo",
     "rlhf.stages.dpo",
-    params=("seed", "device", "memory", "dpo"),
+    params=("seed", "device", "memory", "train", "dpo"),
     inputs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL, paths.TOKENIZER, paths.SFT_MODEL),
     **trained_outputs("dpo"),
 )
@@ -79,7 +79,7 @@ def run() -> dict[str, Any]:
     def validation() -> dict[str, float]:
         return mean_pair_loss(policy, val_groups, val_reference, pad, cfg, chunk)
 
-    history = fitting.fit(
+    history, policy = fitting.fit(
         stage,
         policy,
         cfg,

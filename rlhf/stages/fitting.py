@@ -32,9 +32,10 @@ def fit(
     step_stats: Callable[[], dict[str, float]] = dict,
     status: Callable[[float], str] = lambda loss: f"loss {loss:.3f}",
     dropout: bool = True,
-) -> loop.History:
+) -> tuple[loop.History, Backbone]:
     """`rlhf.train.loop.fit` for this stage, with a progress bar showing `status(loss)` and
-    each step's point logged to the stage's training curves."""
+    each step's point logged to the stage's training curves, under the stage's
+    `train.strategy`; returns the history and the trained model, whole."""
     with reporting(stage) as (bar, curves):
         task = bar.add_task(stage.spec.address, total=None, extra="")
         return loop.fit(
@@ -58,6 +59,7 @@ def fit(
             log=stage.log,
             dropout=dropout,
             world=stage.world,
+            strategy=stage.params.train.strategy,
         )
 
 

@@ -208,11 +208,12 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                        f"{stats['kl']:.3f} beta {stats['beta']:.3f}")  # fmt: skip
             if writes and more and shared.snapshot_every and step % shared.snapshot_every == 0:
                 checkpoint.save(staging / f"step_{step:05d}.pt", policy_payload(stage, trainer))
-            if writes and more and step % shared.save_every == 0:
-                state = {"trainer": trainer.state_dict(), "history": history,
-                         "samples": json.dumps(samples)}  # fmt: skip
-                checkpoint.save_resume(resume, fingerprint, state)
-                saved = step
+            if more and step % shared.save_every == 0:
+                if writes:
+                    state = {"trainer": trainer.state_dict(), "history": history,
+                             "samples": json.dumps(samples)}  # fmt: skip
+                    checkpoint.save_resume(resume, fingerprint, state)
+                saved = step  # every rank: its error names the state rank 0 saved
     return history, samples
 
 

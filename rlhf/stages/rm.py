@@ -28,7 +28,7 @@ from rlhf.stages.specs import StageSpec, trained_outputs
 SPEC = StageSpec(
     "rm",
     "rlhf.stages.rm",
-    params=("seed", "device", "memory", "rm"),
+    params=("seed", "device", "memory", "train", "rm"),
     inputs=(
         paths.COMPARISONS_TRAIN,
         paths.COMPARISONS_VAL,
@@ -52,7 +52,7 @@ def run() -> dict[str, Any]:
     train_groups, val_groups = (
         encode_groups(tokenizer, rows, model.max_seq_len) for rows in (train, val)
     )
-    history = fitting.fit(
+    history, model = fitting.fit(
         stage,
         model,
         cfg,

@@ -29,7 +29,7 @@ from rlhf.train.memory import preflight
 SPEC = StageSpec(
     "sft",
     "rlhf.stages.sft",
-    params=("seed", "device", "model", "memory", "sft"),
+    params=("seed", "device", "model", "memory", "train", "sft"),
     inputs=(paths.SFT_TRAIN, paths.SFT_VAL, paths.PROMPTS_HELDOUT, paths.TOKENIZER),
     **trained_outputs("sft"),
 )
@@ -75,10 +75,10 @@ def run() -> dict[str, Any]:
               f"{stage.device}, {truncated} of them cut to model.block_size = "
               f"{p.model.block_size} tokens")  # fmt: skip
     judge = functools.partial(
-        gold_eval, model, tokenizer, heldout, max_new_tokens=p.sft.eval_max_new_tokens,
+        gold_eval, tokenizer=tokenizer, heldout=heldout, max_new_tokens=p.sft.eval_max_new_tokens,
         seed=p.seed, batch_size=p.sft.eval_batch_size,
     )  # fmt: skip
-    history = fitting.fit(
+    history, model = fitting.fit(
         stage,
         model,
         p.sft,
@@ -86,9 +86,9 @@ def run() -> dict[str, Any]:
         batch_loss=lambda rows: sft.batch_loss(model, [train[i] for i in rows], pad),
         units=lambda rows: sum(train[i].target_count for i in rows),  # a token-mean loss
         evaluate=lambda: {"val_loss": sft.validation_loss(model, val, pad, p.sft.batch_size)},
-        fresh_extra=lambda: {"untrained": judge(greedy=True)},
+        fresh_extra=lambda: {"untrained": judge(model, greedy=True)},
     )
-    greedy, sampled = judge(greedy=True), judge(greedy=False)
+    greedy, sampled = judge(model, greedy=True), judge(model, greedy=False)
     untrained = history.extra["untrained"]
     metrics = {
         "val_loss": round(history.epochs[-1]["val_loss"], 6),

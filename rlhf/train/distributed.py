@@ -3,8 +3,8 @@ the reductions that make N processes compute what one does.
 
 A training stage runs as `torchrun --nproc_per_node N` workers (`rlhf.stages.launch`); each
 reads RANK, WORLD_SIZE and LOCAL_RANK from the environment torchrun sets. The batch size in
-params.yaml is the global batch: every rank takes a contiguous share of the same seeded batch
-order, and losses are normalized by the units (tokens, prompts) of the whole global batch, so
+params.yaml is the global batch: every rank takes a share of the same seeded batch order,
+and losses are normalized by the units (tokens, prompts) of the whole global batch, so
 the gradient N processes apply equals the one process's, up to floating-point summation order.
 Shares are strided (rank r takes rows r, r + N, ...): batches are cut from rows sorted by
 length, and strides give every rank rows of every length.
@@ -13,6 +13,7 @@ length, and strides give every rank rows of every length.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -51,6 +52,14 @@ class World:
         gradients to be reduced."""
         mine = rows[self.rank :: self.size]
         return (mine, True) if mine else (rows[:1], False)
+
+    def weighed_shard(
+        self, rows: list[int], units: Callable[[list[int]], int]
+    ) -> tuple[list[int], float]:
+        """This rank's share of `rows` (`shard`) and the fraction of their `units` (tokens,
+        say) it holds: 0 for a stand-in row, exactly 1 in one process."""
+        mine, holds_rows = self.shard(rows)
+        return mine, (units(mine) / units(rows) if holds_rows else 0.0)
 
 
 def current_world() -> World:
@@ -151,9 +160,10 @@ def data_parallel(model: nn.Module) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
 
 
-def globally_normalized(loss: Tensor, units: float, total_units: float, world: World) -> Tensor:
-    """The loss to backpropagate so that DDP's average over ranks is the mean over all units of
-    the global batch: a rank's mean over its `units` weighted by its share of `total_units`."""
+def globally_normalized(loss: Tensor, share: float, world: World) -> Tensor:
+    """The loss to backpropagate so that the average over ranks (DDP's, FSDP2's) is the mean
+    over all units of the global batch: a rank's mean over its units weighted by `share`, its
+    fraction of the batch's units."""
     if not world.distributed:
         return loss
-    return loss * (units * world.size / total_units)
+    return loss * (share * world.size)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from rlhf.errors import PipelineError
 
@@ -52,5 +53,7 @@ def grad_norm(parameters: Iterable[nn.Parameter], clip: float) -> Tensor:
     """The global gradient norm, clipped to `clip` when it is positive."""
     parameters = [p for p in parameters if p.grad is not None]
     if clip > 0:
-        return nn.utils.clip_grad_norm_(parameters, clip)
-    return torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        norm = nn.utils.clip_grad_norm_(parameters, clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # sharded (FSDP2) grads

@@ -5,9 +5,10 @@ batch order of each epoch is a pure function of (seed, epoch), so a run resumed 
 continues exactly where the interrupted one was and ends with the same numbers.
 
 Under torchrun each rank trains on its share of every global batch (`rlhf.train.distributed`)
-through DistributedDataParallel; losses, statistics and token counts are reduced over the
-ranks, so the history and the resume state (written by rank 0, the full model and optimizer)
-are the same whatever the number of processes, and a run resumes with any number.
+through DistributedDataParallel or, under `train.strategy: fsdp2`, a model sharded across the
+ranks (`rlhf.train.sharding`); losses, statistics and token counts are reduced over the ranks,
+so the history and the resume state (written by rank 0, the whole model and optimizer) are
+the same whatever the number of processes, and a run resumes with any number.
 """
 
 from __future__ import annotations
@@ -20,21 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
 from rlhf.train.device import autocast, rng_state, set_rng_state
-from rlhf.train.distributed import (
-    World,
-    barrier,
-    data_parallel,
-    globally_normalized,
-    sum_across,
-)
+from rlhf.train.distributed import World, barrier, globally_normalized, sum_across
 from rlhf.train.guard import NonFiniteError, grad_norm, require_finite
 from rlhf.train.optim import adamw, lr_at, set_lr
+from rlhf.train.sharding import hold
 
 RESUME_KEYS = ("model", "optimizer", "rng", "step", "steps", "epochs", "extra")
 
@@ -75,19 +71,6 @@ def curve_points(
             point |= {f"epoch/{k}": v for k, v in epoch.items() if k != "epoch"}
         points.append((int(row["step"]), point))
     return points
-
-
-class StepLoss(nn.Module):
-    """A loss as the forward of a module holding the model, for DDP to run: the stages' losses
-    reach into the model (packed forwards, reward and value heads) rather than calling its
-    forward, and DDP prepares its gradient reduction only for what runs inside its own."""
-
-    def __init__(self, model: Backbone, loss: Callable[..., Any]) -> None:
-        super().__init__()
-        self.model, self.loss = model, loss
-
-    def forward(self, *args: Any) -> Any:
-        return self.loss(*args)
 
 
 def global_step(
@@ -180,8 +163,12 @@ def fit(
     log: Callable[[str], None] = print,
     dropout: bool = True,
     world: World = World(),  # noqa: B008 (frozen)
-) -> History:
+    strategy: str = "ddp",
+) -> tuple[History, Backbone]:
     """Train for `opt.epochs` epochs over `n_examples`; `evaluate` runs after each epoch.
+    Returns the history and the trained model, whole: `model` itself, or under `strategy`
+    fsdp2 with several processes a plain copy gathered from its shards (`model` then stays
+    sharded; use the returned one).
 
     `lengths` (tokens per example) turns on length-bucketed batches (`batch_order`). `units`
     says what `batch_loss` averages over (examples by default; tokens for a token-mean loss):
@@ -195,8 +182,6 @@ def fit(
     dropout must start at exactly zero, not at the noise dropout adds. A non-finite loss or
     gradient norm raises `NonFiniteError` before its update (`rlhf.train.guard`).
     """
-    optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
-    step_loss = data_parallel(StepLoss(model, batch_loss)) if world.distributed else batch_loss
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
     total = opt.epochs * steps_per_epoch
     history = History()
@@ -205,9 +190,10 @@ def fit(
         model.eval()
         with torch.no_grad():
             history.extra = fresh_extra()
-    else:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    held = hold(model, strategy, world, device, opt.bf16)  # the optimizer takes its parameters
+    optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
+    if state is not None:
+        held.load(optimizer, state["model"], state["optimizer"])
         set_rng_state(state["rng"])
         history.steps, history.epochs, history.extra = (
             state["steps"],
@@ -231,7 +217,7 @@ def fit(
         set_lr(optimizer, lr)
         rows, holds_rows = world.shard(order[index * opt.batch_size :][: opt.batch_size])
         with autocast(device, opt.bf16):
-            loss, tokens = step_loss(rows)
+            loss, tokens = held.loss(batch_loss, rows)
         mine = units(rows) if holds_rows else 0
         train_loss, stats, total_units, tokens = global_step(
             world, loss, mine, tokens if holds_rows else 0, step_stats(), device
@@ -239,7 +225,7 @@ def fit(
         optimizer.zero_grad(set_to_none=True)
         try:
             require_finite(step + 1, {"train_loss": train_loss}, stats)
-            globally_normalized(loss, mine, total_units, world).backward()
+            globally_normalized(loss, mine / total_units, world).backward()
             require_finite(step + 1, {"grad_norm": grad_norm(model.parameters(), opt.grad_clip)})
         except NonFiniteError as exc:
             exc.last_good = f"{resume_file} (step {saved})" if saved else exc.last_good
@@ -261,7 +247,7 @@ def fit(
             epoch_losses = [r["train_loss"] for r in history.steps if r["epoch"] == epoch + 1]
             model.eval()
             with torch.no_grad():
-                scores = evaluate()
+                scores = held.evaluate(evaluate)
             model.train(dropout)
             history.epochs.append(
                 {
@@ -274,22 +260,24 @@ def fit(
                 f"epoch {epoch + 1}/{opt.epochs}: "
                 + ", ".join(f"{k} {v:.4f}" for k, v in history.epochs[-1].items() if k != "epoch")
             )
-        if (step + 1) % opt.save_every == 0 and step + 1 < total and world.is_main:
-            checkpoint.save_resume(
-                resume_file,
-                fingerprint,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "rng": rng_state(),
-                    "step": step + 1,
-                    "steps": history.steps,
-                    "epochs": history.epochs,
-                    "extra": history.extra,
-                },
-            )
+        if (step + 1) % opt.save_every == 0 and step + 1 < total:
+            model_state, optimizer_state = held.state(optimizer)  # every rank: gathered
+            if world.is_main:
+                checkpoint.save_resume(
+                    resume_file,
+                    fingerprint,
+                    {
+                        "model": model_state,
+                        "optimizer": optimizer_state,
+                        "rng": rng_state(),
+                        "step": step + 1,
+                        "steps": history.steps,
+                        "epochs": history.epochs,
+                        "extra": history.extra,
+                    },
+                )
             saved = step + 1
         on_point(*curve_points(history.steps[-1:], history.epochs)[0])
         on_step(step + 1, total, train_loss)
     model.eval()
-    return history
+    return history, held.whole_model()

@@ -10,6 +10,8 @@ of every minibatch of it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -25,14 +27,10 @@ def widened(rollout: Rollout, prompt_width: int, pad_id: int) -> Rollout:
     rows = rollout.sequences.shape[0]
     pad = rollout.sequences.new_full((rows, extra), pad_id)
     hidden = rollout.attention_mask.new_zeros((rows, extra))
-    return Rollout(
-        prompts=rollout.prompts,
-        responses=rollout.responses,
+    return dataclasses.replace(
+        rollout,
         sequences=torch.cat([pad, rollout.sequences], dim=1),
         attention_mask=torch.cat([hidden, rollout.attention_mask], dim=1),
-        response_mask=rollout.response_mask,
-        logprobs=rollout.logprobs,
-        ended=rollout.ended,
         prompt_width=prompt_width,
     )
 

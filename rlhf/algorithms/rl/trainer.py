@@ -45,10 +45,11 @@ from rlhf.sampling.rollout import Rollout, sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.sampling.streams import SEED_LIMIT, RowStreams
 from rlhf.train.device import autocast, rng_state, set_rng_state
-from rlhf.train.distributed import World, data_parallel, sum_across
+from rlhf.train.distributed import World, globally_normalized, sum_across
 from rlhf.train.guard import grad_norm, require_finite
-from rlhf.train.loop import StepLoss, batch_order
+from rlhf.train.loop import batch_order
 from rlhf.train.optim import adamw, lr_at, set_lr
+from rlhf.train.sharding import Replicas
 
 
 @dataclass
@@ -128,13 +129,9 @@ class RLTrainer:
             if model is not None:
                 model.eval()  # dropout off everywhere: it would make the ratios noise
         reference.requires_grad_(False)
-        # the losses as DDP runs them: one gradient reduction per minibatch and model
-        self.policy_loss = self._minibatch_loss
-        self.critic_loss = self._critic_loss
-        if world.distributed:
-            self.policy_loss = data_parallel(StepLoss(policy, self._minibatch_loss))
-            if critic is not None:
-                self.critic_loss = data_parallel(StepLoss(critic, self._critic_loss))
+        # the trained models as DDP runs them: one gradient reduction per minibatch and model
+        self.held_policy = Replicas(policy, world)
+        self.held_critic = Replicas(critic, world) if critic is not None else None
 
     # -- experience ------------------------------------------------------------------------
     @torch.no_grad()
@@ -142,17 +139,17 @@ class RLTrainer:
         """Sample `group_size` answers to each prompt, score them, estimate advantages.
 
         Every answer is sampled from its own seeded stream, so a rank sampling a share of
-        them samples what one process does; the shares are scored where they were sampled
-        and gathered, and the rest is computed on the whole batch by every rank."""
+        them draws what one process draws for them; the shares are scored where they were
+        sampled and gathered, and the rest is computed on the whole batch by every rank."""
         cfg, shared, world = self.cfg, self.shared, self.world
-        rows = [p for p in prompts for _ in range(cfg.group_size)]
-        seeds = torch.randint(SEED_LIMIT, (len(rows),), generator=self.sample_rng).tolist()
-        mine, holds_rows = world.shard(list(range(len(rows))))
+        answered = [p for p in prompts for _ in range(cfg.group_size)]  # a prompt per answer
+        seeds = torch.randint(SEED_LIMIT, (len(answered),), generator=self.sample_rng).tolist()
+        mine, holds_rows = world.shard(list(range(len(answered))))
         started = time.perf_counter()
         share = sample_rollout(
             self.policy,
             self.tokenizer,
-            [rows[i] for i in mine],
+            [answered[i] for i in mine],
             self.sampling,
             RowStreams([seeds[i] for i in mine]),
         )
@@ -160,7 +157,7 @@ class RLTrainer:
 
         started = time.perf_counter()
         rollout, scored = whole_batch(
-            world, rows, share, self._score(share), holds_rows, self.tokenizer
+            world, answered, share, self._score(share), holds_rows, self.tokenizer
         )
         policy_logprobs, ref_logprobs = scored["policy_logprobs"], scored["ref_logprobs"]
         values, scores = scored.get("values"), scored["scores"]
@@ -232,14 +229,13 @@ class RLTrainer:
         batch = self.ptx_rng.sample(
             self.ptx_examples, min(self.cfg.ptx_batch_size, len(self.ptx_examples))
         )
-        rows, holds_rows = self.world.shard(list(range(len(batch))))
-        mine = [batch[i] for i in rows]
-        tokens = sum(e.target_count for e in mine) if holds_rows else 0
-        weight = tokens / sum(e.target_count for e in batch)
-        inputs, targets = collate(mine, self.tokenizer.pad_id)
+        rows, weight = self.world.weighed_shard(
+            list(range(len(batch))), lambda some: sum(batch[i].target_count for i in some)
+        )
+        inputs, targets = collate([batch[i] for i in rows], self.tokenizer.pad_id)
         ptx = masked_lm_loss(self.policy, inputs.to(self.device), targets.to(self.device))
         record(weight, ptx_loss=ptx)
-        return ptx * (weight * self.world.size)
+        return globally_normalized(ptx, weight, self.world)
 
     def _critic_loss(
         self, exp: Experience, rows: Tensor, weight: float, record: Recorder
@@ -260,7 +256,7 @@ class RLTrainer:
             self.cfg.cliprange_value,
         )
         record(weight, value_loss=loss, value_clip_fraction=clip_fraction)
-        return loss * (weight * self.world.size)
+        return globally_normalized(loss, weight, self.world)
 
     def _minibatch_loss(
         self, exp: Experience, rows: Tensor, weight: float, record: Recorder
@@ -300,7 +296,7 @@ class RLTrainer:
             )
             loss = loss + cfg.vf_coef * value_loss
             record(weight, value_loss=value_loss, value_clip_fraction=value_clip)
-        loss = loss * (weight * self.world.size)
+        loss = globally_normalized(loss, weight, self.world)
         if cfg.ptx_coef > 0 and self.ptx_examples:
             loss = loss + cfg.ptx_coef * self._ptx_loss(record)
         record(
@@ -312,14 +308,21 @@ class RLTrainer:
         )
         return loss
 
-    def _apply(self, loss: Tensor, model: Backbone, optimizer: torch.optim.Optimizer) -> None:
-        """Backpropagate `loss` and step `optimizer`, unless the gradient norm is not finite."""
+    def _apply(
+        self, loss: Tensor, model: Backbone, optimizer: torch.optim.Optimizer, norm_name: str
+    ) -> None:
+        """Backpropagate `loss` and step `optimizer`, unless the gradient norm is not finite.
+        Every rank checks the same reduced gradients, so all stop or none."""
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = grad_norm(model.parameters(), self.cfg.grad_clip)
-        name = "critic_grad_norm" if model is self.critic else "policy_grad_norm"
-        require_finite(self.step + 1, {name: norm})
+        require_finite(self.step + 1, {norm_name: norm})
         optimizer.step()
+
+    def _global(self, loss: Tensor) -> float:
+        """The minibatch's loss over every rank, from this rank's weighted part: what the
+        finiteness check looks at, so that a NaN on one rank stops them all at once."""
+        return sum_across(self.world, [float(loss.detach())], self.device)[0] / self.world.size
 
     def _summed(self, weighed: list[dict[str, float]]) -> list[dict[str, float]]:
         """Minibatches' statistics over every rank: the sums of the ranks' weighted means."""
@@ -357,21 +360,25 @@ class RLTrainer:
             weighed: list[dict[str, float]] = []  # this rank's weighted means, per minibatch
             for start in starts:
                 minibatch = order[start : start + cfg.minibatch_size]
-                mine, holds_rows = world.shard(minibatch)
-                tokens = int(rollout.response_mask[mine].sum()) if holds_rows else 0
-                weight = tokens / int(rollout.response_mask[minibatch].sum())
+                mine, weight = world.weighed_shard(
+                    minibatch, lambda some: int(rollout.response_mask[some].sum())
+                )
                 rows = torch.tensor(mine, device=self.device)
                 current.clear()
                 with autocast(self.device, cfg.bf16):
-                    loss = self.policy_loss(exp, rows, weight, record)
+                    loss = self.held_policy.loss(self._minibatch_loss, exp, rows, weight, record)
                 terms = {key: value for key, (_, value) in current.items()}
-                require_finite(step, {"loss": loss}, terms | inputs)
-                self._apply(loss, self.policy, self.policy_opt)
-                if self.critic is not None and self.critic_opt is not None:
+                require_finite(step, {"loss": self._global(loss)}, terms | inputs)
+                self._apply(loss, self.policy, self.policy_opt, "policy_grad_norm")
+                if self.held_critic is not None and self.critic_opt is not None:
                     with autocast(self.device, cfg.bf16):
-                        value_loss = self.critic_loss(exp, rows, weight, record)
-                    require_finite(step, {"value_loss": value_loss})
-                    self._apply(value_loss, self.critic, self.critic_opt)
+                        value_loss = self.held_critic.loss(
+                            self._critic_loss, exp, rows, weight, record
+                        )
+                    require_finite(step, {"value_loss": self._global(value_loss)})
+                    self._apply(
+                        value_loss, self.held_critic.model, self.critic_opt, "critic_grad_norm"
+                    )
                 weighed.append({key: w * value for key, (w, value) in current.items()})
                 trained_tokens += int(rollout.attention_mask[minibatch].sum())
             for stats in self._summed(weighed):

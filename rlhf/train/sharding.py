@@ -1,0 +1,141 @@
+"""How the data-parallel processes hold a model they train: whole on each (DDP) or sharded
+across them (FSDP2, `train.strategy: fsdp2`).
+
+Both run the training losses, and FSDP2 the evaluations too, as the forward of one module
+holding the model (`Runs`): DDP prepares its gradient reduction and FSDP2 gathers the
+parameters only around a module's forward, and the stages' losses reach into the model
+(packed forwards, reward and value heads) rather than calling its forward. Both give the whole
+model's state for the resume file, whatever the number of processes, so a run resumes at any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlhf.models.backbone import Backbone
+from rlhf.train.distributed import World, data_parallel
+
+Result = TypeVar("Result")
+
+
+class Runs(nn.Module):
+    """A module whose forward runs a function, for DDP or FSDP2 to wrap the model in."""
+
+    def __init__(self, model: Backbone) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, function: Callable[..., Any], *args: Any) -> Any:
+        return function(*args)
+
+
+class Replicas:
+    """The whole model in each process; under torchrun DDP averages the gradients."""
+
+    def __init__(self, model: Backbone, world: World) -> None:
+        self.model = model
+        self.wrapped = data_parallel(Runs(model)) if world.distributed else None
+
+    def loss(self, function: Callable[..., Result], *args: Any) -> Result:
+        """`function(*args)`, a loss to backpropagate (with DDP: reduced in backward)."""
+        if self.wrapped is None:
+            return function(*args)
+        return self.wrapped(function, *args)
+
+    def evaluate(self, function: Callable[[], Result]) -> Result:
+        """`function()`, which runs the model forward only."""
+        return function()
+
+    def state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """The model's and the optimizer's state, whole."""
+        return self.model.state_dict(), optimizer.state_dict()
+
+    def load(self, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
+        self.model.load_state_dict(model_state)
+        optimizer.load_state_dict(optim_state)
+
+    def whole_model(self) -> Backbone:
+        """The trained model, whole, for what follows the training."""
+        return self.model
+
+
+class Shards:
+    """Parameters, gradients and optimizer state sharded across the processes (FSDP2): each
+    transformer block is a unit gathered for its own forward and backward, the rest
+    (embeddings, final norm, heads) one unit gathered around each loss and evaluation. On
+    CUDA with `bf16` the gathered parameters compute in bfloat16 and gradients are reduced in
+    float32. Every rank must run the same forwards: evaluations see the same data on each."""
+
+    def __init__(self, model: Backbone, device: torch.device, bf16: bool) -> None:
+        policy = MixedPrecisionPolicy()
+        if bf16 and device.type == "cuda":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.transformer_blocks():
+            fully_shard(block, mp_policy=policy)
+        self.model, self.device = model, device
+        self.wrapped = fully_shard(Runs(model), mp_policy=policy)
+
+    def loss(self, function: Callable[..., Result], *args: Any) -> Result:
+        return self.wrapped(function, *args)
+
+    def evaluate(self, function: Callable[[], Result]) -> Result:
+        return self.wrapped(function)
+
+    def state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """The whole model's and optimizer's state, gathered on rank 0's CPU (the other ranks
+        get empty dicts; every rank must call it)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return (
+            get_model_state_dict(self.model, options=options),
+            get_optimizer_state_dict(self.model, optimizer, options=options),
+        )
+
+    def load(self, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
+        """Shard a whole state (`state`'s, read by every rank) into the model and optimizer."""
+        set_model_state_dict(
+            self.model, model_state, options=StateDictOptions(full_state_dict=True)
+        )
+        # a head the stage never trains (SFT's reward head) has no optimizer state, as with
+        # a plain optimizer: not strict
+        set_optimizer_state_dict(
+            self.model,
+            optimizer,
+            optim_state,
+            options=StateDictOptions(full_state_dict=True, strict=False),
+        )
+
+    @torch.no_grad()
+    def whole_model(self) -> Backbone:
+        """A plain model with the trained weights, on every rank: gathered one tensor at a
+        time into a fresh copy, so the peak is the whole model and one tensor beside the
+        shards. What follows training (evaluation, outputs) runs it as one process would."""
+        with torch.device(self.device):
+            whole = type(self.model)(self.model.config)
+        whole.activation_checkpointing = self.model.activation_checkpointing
+        targets = whole.state_dict()
+        for name, value in self.model.state_dict().items():
+            targets[name].copy_(value.full_tensor() if isinstance(value, DTensor) else value)
+        return whole.eval()
+
+
+Holder = Replicas | Shards
+
+
+def hold(model: Backbone, strategy: str, world: World, device: torch.device, bf16: bool) -> Holder:
+    """How this process holds `model` for training under `strategy` (`train.strategy`)."""
+    if strategy == "fsdp2" and world.distributed:
+        return Shards(model, device, bf16)
+    return Replicas(model, world)

@@ -1,0 +1,72 @@
+"""The RL stages as torchrun workers: two gloo processes sample the answers one does and
+compute what it does, and a killed rank's stage resumes to the same numbers."""
+
+import pytest
+
+from stage_runs import kill_rank_at_first_save, rl_results, rl_run, run_stage, stage_project
+
+RL_ONE_STEP = {  # one iteration of one optimizer step: all 8 answers in one minibatch
+    "ppo": {"ppo.steps": 1, "ppo.update_epochs": 1, "ppo.minibatch_size": 8},
+    "grpo": {
+        "grpo.steps": 1,
+        "grpo.batch_size": 5,
+        "grpo.minibatch_size": 10,
+        "grpo.update_epochs": 1,
+    },
+}
+RL_LOSSES = {"ppo": ("value_loss", "ptx_loss", "entropy", "approx_kl"),
+             "grpo": ("policy_loss", "kl_loss", "entropy", "approx_kl")}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_two_processes_take_the_rl_step_one_takes(trained_project, tmp_path, algorithm):
+    """Each rank samples, scores and trains on its share of the answers (an odd 5 of GRPO's
+    10 each): the rollout is the same answers, every loss of the update agrees within 1e-5,
+    and so does the held-out evaluation of the policy after it. The policy loss is a mean of
+    whitened, zero-mean advantages: near 0 by construction, it is compared absolutely."""
+    runs = {
+        n: rl_run(trained_project, tmp_path / f"n{n}", algorithm, n, RL_ONE_STEP[algorithm])
+        for n in (1, 2)
+    }
+    (metrics_1, curves_1), (metrics_2, curves_2) = runs[1], runs[2]
+    assert curves_2["answers"] == curves_1["answers"]
+    assert curves_2["score"] == pytest.approx(curves_1["score"], rel=1e-6)
+    for name in RL_LOSSES[algorithm]:  # a ratio of exactly 1 (KL 0) is 1e-15 apart
+        assert curves_2[name] == pytest.approx(curves_1[name], rel=1e-5, abs=1e-12), name
+    assert curves_2["policy_loss"] == pytest.approx(curves_1["policy_loss"], abs=1e-7)
+    assert metrics_2 == metrics_1
+
+
+@pytest.mark.slow
+def test_a_full_tiny_ppo_run_at_two_processes_matches_one(trained_project, tmp_path):
+    """Four iterations of 4 updates each: the answers sampled stay the same, the statistics
+    drift only by summation order (measured under 1e-4 relative; a KL that is a difference
+    of near-equal log-probs, 1e-5 absolute), and the metrics, at their 4 decimals, agree."""
+    (metrics_1, curves_1), (metrics_2, curves_2) = (
+        rl_run(trained_project, tmp_path / f"n{n}", "ppo", n) for n in (1, 2)
+    )
+    assert curves_2["answers"] == curves_1["answers"]
+    assert curves_2["score"] == pytest.approx(curves_1["score"], rel=1e-5)
+    for name in ("value_loss", "ptx_loss", "entropy", "kl"):
+        assert curves_2[name] == pytest.approx(curves_1[name], rel=1e-4, abs=1e-5), name
+    assert metrics_2 == metrics_1
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_ppo_and_the_rerun_resumes_to_the_same_numbers(
+    trained_project, tmp_path
+):
+    whole = rl_run(trained_project, tmp_path / "whole", "ppo", 2)
+    project = stage_project(trained_project, tmp_path / "killed", "rl")
+    status, stderr, seconds = kill_rank_at_first_save(project, 1, "rl", "ppo")
+    assert status == 75 and seconds < 60
+    assert [line for line in stderr.splitlines() if line.startswith("failed:")] == [
+        "failed: rank 1 of 2 was killed by SIGKILL, and the other ranks were stopped; run "
+        "the stage again (dvc repro) to resume from its last save (RLHF_DEBUG=1 shows "
+        "each rank's traceback)"
+    ]
+    assert not (project / "metrics" / "ppo.json").exists()
+    rerun = run_stage(project, "rl", 2, "ppo")
+    assert "rl@ppo: resuming from iteration 2 of 4" in rerun.stderr
+    assert rl_results(project, "ppo") == whole
