@@ -341,6 +341,19 @@ class RLParams:
         "(r - 1) - log r with r = p_ref / p. What the algorithms optimize is their own: the "
         "penalty in the reward is k1, GRPO's loss term k3.",
     )
+    lora_rank: int = spec(
+        0,
+        "0 trains every weight of the policy (and of a separate critic). A rank r > 0 freezes "
+        "them and trains a rank-r LoRA adapter on each linear layer of their blocks instead "
+        "(plus the value head): the reference is then the policy with its adapters off, so "
+        "one copy of the base weights serves both; the policy written has the adapters "
+        "merged. LoRA wants a larger learning rate than full fine-tuning (about 10x).",
+        ge=0,
+        le=1024,
+    )
+    lora_alpha: float = spec(
+        16.0, "LoRA scaling: an adapter's update is multiplied by lora_alpha / lora_rank.", gt=0.0
+    )
     save_every: int = spec(10, "Iterations between resume checkpoints.", ge=1)
     snapshot_every: int = spec(
         20,

@@ -24,6 +24,7 @@ from rlhf.atomic import atomic_path
 from rlhf.data.tokenizer import Tokenizer
 from rlhf.errors import CheckpointError
 from rlhf.models.backbone import Backbone
+from rlhf.models.lora import merged_state_dict
 from rlhf.models.registry import build
 
 MODEL_KEYS = ("kind", "backbone", "model", "model_config", "tokenizer")
@@ -88,12 +89,12 @@ def require(path: str | Path, payload: dict[str, Any], keys: Iterable[str]) -> N
 def model_payload(
     model: Backbone, tokenizer: Tokenizer, params_hash: str, kind: str, **extra: Any
 ) -> dict[str, Any]:
-    """What a finished stage stores: weights, backbone and architecture, tokenizer identity,
-    params hash."""
+    """What a finished stage stores: weights (LoRA adapters merged in), backbone and
+    architecture, tokenizer identity, params hash."""
     return {
         "kind": kind,
         "backbone": model.name,
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "model": {k: v.detach().cpu() for k, v in merged_state_dict(model).items()},
         "model_config": dataclasses.asdict(model.config),
         "tokenizer": tokenizer.identity,
         "params_hash": params_hash,

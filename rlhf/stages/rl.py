@@ -35,6 +35,7 @@ from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.policies import versus_reference
 from rlhf.models import checkpoint
+from rlhf.models.lora import add_adapters, merged_model
 from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
 from rlhf.stages import paths
 from rlhf.stages.context import StageRun
@@ -76,17 +77,25 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     p, tokenizer = stage.params, stage.tokenizer
     cfg = p.algorithm(algorithm)
     separate_critic = isinstance(cfg, CriticParams) and cfg.critic == "separate"
+    trained = 1 + separate_critic  # the policy, and a critic of its own
+    rewarded = p.rl.reward in ("rm", "ensemble")  # a reward model held beside them
+    lora = p.rl.lora_rank > 0  # then adapters train, and the policy is its own reference
     work = stage.workload(
-        trained=1 + separate_critic,
-        frozen=1 + (p.rl.reward in ("rm", "ensemble")),  # the reference and a reward model
+        trained=0 if lora else trained,
+        frozen=trained + rewarded if lora else 1 + rewarded,
         sequences=cfg.minibatch_size + (cfg.ptx_batch_size if cfg.ptx_coef > 0 else 0),
         sampled=cfg.batch_size * cfg.group_size,
     )
     stage.preflight(paths.SFT_MODEL, work)
+    policy = stage.load_model(paths.SFT_MODEL)
     critic = None
     if separate_critic:
         critic = stage.load_model(paths.RM_MODEL)
         critic.init_value_head_from_reward_head()
+    if lora:
+        for model in (policy, critic):
+            if model is not None:
+                add_adapters(model, p.rl.lora_rank, p.rl.lora_alpha)
     scorer = make_scorer(
         p.rl.reward,
         tokenizer,
@@ -102,8 +111,8 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         ALGORITHMS[algorithm],
         cfg,
         p.rl,
-        policy=stage.load_model(paths.SFT_MODEL),
-        reference=stage.load_frozen(paths.SFT_MODEL),
+        policy=policy,
+        reference=None if lora else stage.load_frozen(paths.SFT_MODEL),
         critic=critic,
         scorer=scorer,
         tokenizer=tokenizer,
@@ -251,11 +260,15 @@ def run(algorithm: str) -> dict[str, Any]:
     if not stage.world.is_main:  # rank 0 judges the policy and publishes
         return {}
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
-    metrics = summary(history, trainer) | versus_reference(
-        trainer.policy, trainer.reference, stage.tokenizer, heldout,
-        reward=(shared.reward, trainer.scorer), samples=shared.eval_samples,
-        max_new_tokens=shared.max_new_tokens, seed=p.seed, batch_size=shared.eval_batch_size,
-    )  # fmt: skip
+    reference, computes_as_reference = trainer.reference_policy()
+    policy = trainer.policy if trainer.reference is not None else merged_model(trainer.policy)
+    with computes_as_reference:
+        metrics = summary(history, trainer) | versus_reference(
+            policy, reference, stage.tokenizer, heldout,
+            reward=(shared.reward, trainer.scorer), samples=shared.eval_samples,
+            max_new_tokens=shared.max_new_tokens, seed=p.seed,
+            batch_size=shared.eval_batch_size,
+        )  # fmt: skip
     publish(stage, trainer, history, samples, metrics)
     rates = ", ".join(f"{judge} {rate}" for judge, rate in metrics["win_rate_vs_sft"].items())
     stage.log(

@@ -14,6 +14,7 @@ of `state_dict()`, so an interrupted run picks up exactly where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,7 @@ from rlhf.data.batching import collate
 from rlhf.data.chat import Example
 from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
+from rlhf.models.lora import adapters_off
 from rlhf.params import ClipParams, CriticParams, PolicyOptimParams, RLParams
 from rlhf.sampling.forward import response_forward, response_values
 from rlhf.sampling.rollout import Rollout, sample_rollout
@@ -86,7 +88,7 @@ class RLTrainer:
         shared: RLParams,
         *,
         policy: Backbone,
-        reference: Backbone,
+        reference: Backbone | None,
         critic: Backbone | None,
         scorer: Scorer,
         tokenizer: Tokenizer,
@@ -95,8 +97,10 @@ class RLTrainer:
         ptx_examples: Sequence[Example] = (),
         world: World = World(),  # noqa: B008 (frozen)
     ):
-        """critic: the separate critic (`critic: separate`); None for a value head on the
-        policy (`critic: shared`) or an algorithm without a critic. Under torchrun (`world`)
+        """reference: the frozen SFT policy; None for an adapted policy (`add_adapters`),
+        whose reference is itself with its adapters off. critic: the separate critic
+        (`critic: separate`); None for a value head on the policy (`critic: shared`) or an
+        algorithm without a critic. Under torchrun (`world`)
         each rank samples and scores its share of every iteration's rows and trains on its
         share of every minibatch, its gradients averaged by DistributedDataParallel."""
         self.algorithm, self.cfg, self.shared = algorithm, cfg, shared
@@ -128,7 +132,8 @@ class RLTrainer:
         for model in (policy, reference, critic):
             if model is not None:
                 model.eval()  # dropout off everywhere: it would make the ratios noise
-        reference.requires_grad_(False)
+        if reference is not None:
+            reference.requires_grad_(False)
         # the trained models as DDP runs them: one gradient reduction per minibatch and model
         self.held_policy = Replicas(policy, world)
         self.held_critic = Replicas(critic, world) if critic is not None else None
@@ -209,18 +214,23 @@ class RLTrainer:
         args = (rollout.sequences, rollout.attention_mask, rollout.prompt_width)
         with autocast(self.device, self.cfg.bf16):
             policy_out = response_forward(self.policy, *args, self.shared.temperature)
-            scored = {
-                "policy_logprobs": policy_out.logprobs,
-                "ref_logprobs": response_forward(
-                    self.reference, *args, self.shared.temperature
-                ).logprobs,
-            }
+            reference, computes_as_reference = self.reference_policy()
+            with computes_as_reference:
+                ref_out = response_forward(reference, *args, self.shared.temperature)
+            scored = {"policy_logprobs": policy_out.logprobs, "ref_logprobs": ref_out.logprobs}
             if self.critic is not None:
                 scored["values"] = response_values(self.critic, *args)
             elif self.shared_critic:
                 scored["values"] = self.policy.values(policy_out.hidden).float()
         scored["scores"] = self.scorer(rollout.prompts, rollout.responses).to(self.device)
         return scored
+
+    def reference_policy(self) -> tuple[Backbone, contextlib.AbstractContextManager]:
+        """The reference policy and the context it computes in: the frozen SFT model, or the
+        adapted policy with its adapters off."""
+        if self.reference is not None:
+            return self.reference, contextlib.nullcontext()
+        return self.policy, adapters_off(self.policy)
 
     # -- update ----------------------------------------------------------------------------
     def _ptx_loss(self, record: Recorder) -> Tensor:
