@@ -7,9 +7,9 @@ import torch
 
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.models.hf import save_folder
 from rlhf.models.llama import Llama, LlamaConfig
 from rlhf.models.lora import (
-    LoRALinear,
     adapters,
     adapters_off,
     add_adapters,
@@ -67,13 +67,21 @@ def test_adapters_off_is_the_base_model_and_merging_keeps_the_logits(family):
     assert merged_state_dict(model).keys() == plain.state_dict().keys()
 
 
-def test_a_checkpoint_of_an_adapted_policy_is_a_plain_model_with_its_logits(tmp_path):
+@torch.no_grad()
+def test_an_adapted_policy_exports_merged_and_transformers_gives_its_logits(tmp_path):
+    """What `rlhf export` does to a LoRA stage's policy: the checkpoint holds the merged
+    weights, and the Hugging Face folder written from it gives the adapted model's logits."""
+    transformers = pytest.importorskip("transformers")
+
     class Identity:
         identity = "t"
 
-    model = trained_adapters(built("gpt"))
+    model = trained_adapters(built("gpt")).eval()
     path = tmp_path / "policy.pt"
     checkpoint.save(path, checkpoint.model_payload(model, Identity(), "h", "policy"))
     loaded, _ = checkpoint.load_model(path)
-    assert not any(isinstance(m, LoRALinear) for m in loaded.modules())
+    assert not adapters(loaded)
     torch.testing.assert_close(loaded(IDS), model(IDS), atol=1e-5, rtol=0)
+    folder = save_folder(loaded, tmp_path / "hf")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert (exported(input_ids=IDS).logits - model(IDS)).abs().max() <= 1e-5
