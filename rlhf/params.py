@@ -134,13 +134,14 @@ class MemoryParams:
 class TrainParams:
     strategy: Literal["ddp", "fsdp2"] = spec(
         "ddp",
-        "How the processes `RLHF_NPROC` starts hold the model SFT, the reward model and DPO "
-        "train. `ddp`: each holds all of it and gradients are averaged; `fsdp2`: parameters, "
-        "gradients and optimizer state are sharded across them (torch's `fully_shard`, per "
-        "transformer block), bfloat16 compute with float32 gradient reduction under the "
-        "stage's bf16 on CUDA, for models whose training does not fit one GPU; the whole "
-        "model is gathered for evaluation and the outputs. The same numbers either way. The "
-        "RL stages replicate (ddp).",
+        "How the processes `RLHF_NPROC` starts hold the models the training stages train "
+        "(SFT's, the reward model, DPO's, an RL policy and critic). `ddp`: each holds all of "
+        "it and gradients are averaged; `fsdp2`: parameters, gradients and optimizer state "
+        "are sharded across them (torch's `fully_shard`, per transformer block), bfloat16 "
+        "compute with float32 gradient reduction under the stage's bf16 on CUDA, for models "
+        "whose training does not fit one GPU; the whole model is gathered for sampling, the "
+        "evaluation and the outputs, and RL's frozen reference stays whole on each. The same "
+        "numbers either way.",
     )
 
 
@@ -524,7 +525,7 @@ class Params:
         default_factory=MemoryParams, metadata={"doc": "Memory savers for large models."}
     )
     train: TrainParams = field(
-        default_factory=TrainParams, metadata={"doc": "Data-parallel training (sft, rm, dpo)."}
+        default_factory=TrainParams, metadata={"doc": "Data-parallel training."}
     )
     data: DataParams = field(default_factory=DataParams, metadata={"doc": "Prepare stage."})
     sft: SFTParams = field(default_factory=SFTParams, metadata={"doc": "SFT stage."})

@@ -24,18 +24,19 @@ def test_two_processes_take_the_rl_step_one_takes(trained_project, tmp_path, alg
     """Each rank samples, scores and trains on its share of the answers (an odd 5 of GRPO's
     10 each): the rollout is the same answers, every loss of the update agrees within 1e-5,
     and so does the held-out evaluation of the policy after it. The policy loss is a mean of
-    whitened, zero-mean advantages: near 0 by construction, it is compared absolutely."""
-    runs = {
-        n: rl_run(trained_project, tmp_path / f"n{n}", algorithm, n, RL_ONE_STEP[algorithm])
-        for n in (1, 2)
-    }
-    (metrics_1, curves_1), (metrics_2, curves_2) = runs[1], runs[2]
-    assert curves_2["answers"] == curves_1["answers"]
-    assert curves_2["score"] == pytest.approx(curves_1["score"], rel=1e-6)
-    for name in RL_LOSSES[algorithm]:  # a ratio of exactly 1 (KL 0) is 1e-15 apart
-        assert curves_2[name] == pytest.approx(curves_1[name], rel=1e-5, abs=1e-12), name
-    assert curves_2["policy_loss"] == pytest.approx(curves_1["policy_loss"], abs=1e-7)
-    assert metrics_2 == metrics_1
+    whitened, zero-mean advantages: near 0 by construction, it is compared absolutely. The
+    same holds with the policy sharded (FSDP2) rather than replicated."""
+    one_step = RL_ONE_STEP[algorithm]
+    metrics_1, curves_1 = rl_run(trained_project, tmp_path / "n1", algorithm, 1, one_step)
+    for strategy in ("ddp", "fsdp2"):
+        metrics_2, curves_2 = rl_run(trained_project, tmp_path / strategy, algorithm, 2,
+                                     one_step | {"train.strategy": strategy})  # fmt: skip
+        assert curves_2["answers"] == curves_1["answers"]
+        assert curves_2["score"] == pytest.approx(curves_1["score"], rel=1e-6)
+        for name in RL_LOSSES[algorithm]:  # a ratio of exactly 1 (KL 0) is 1e-15 apart
+            assert curves_2[name] == pytest.approx(curves_1[name], rel=1e-5, abs=1e-12), name
+        assert curves_2["policy_loss"] == pytest.approx(curves_1["policy_loss"], abs=1e-7)
+        assert metrics_2 == metrics_1, strategy
 
 
 @pytest.mark.slow
@@ -54,11 +55,33 @@ def test_a_full_tiny_ppo_run_at_two_processes_matches_one(trained_project, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("lora", [0, 4])
+def test_sharded_ppo_matches_replicated_ppo(trained_project, tmp_path, lora):
+    """The policy and the critic sharded across 2 processes (FSDP2; sampling on the policy
+    gathered once per rollout), whole or as LoRA adapters: a whole tiny run samples the same
+    answers as DDP, its curves agree as two counts of processes do, its metrics exactly."""
+    adapters = {"rl.lora_rank": lora, "ppo.lr": 1e-2} if lora else {}
+    (metrics_ddp, curves_ddp), (metrics_fsdp2, curves_fsdp2) = (
+        rl_run(
+            trained_project, tmp_path / strategy, "ppo", 2, adapters | {"train.strategy": strategy}
+        )
+        for strategy in ("ddp", "fsdp2")
+    )
+    assert curves_fsdp2["answers"] == curves_ddp["answers"]
+    for name in ("score", "value_loss", "ptx_loss", "entropy", "kl", "policy_loss"):
+        assert curves_fsdp2[name] == pytest.approx(curves_ddp[name], rel=1e-4, abs=1e-5), name
+    assert metrics_fsdp2 == metrics_ddp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_a_killed_rank_stops_ppo_and_the_rerun_resumes_to_the_same_numbers(
-    trained_project, tmp_path
+    trained_project, tmp_path, strategy
 ):
-    whole = rl_run(trained_project, tmp_path / "whole", "ppo", 2)
-    project = stage_project(trained_project, tmp_path / "killed", "rl")
+    """Under fsdp2 the resume state is gathered from the shards: whole, as under ddp."""
+    sharding = {"train.strategy": strategy}
+    whole = rl_run(trained_project, tmp_path / "whole", "ppo", 2, sharding)
+    project = stage_project(trained_project, tmp_path / "killed", "rl", sharding)
     status, stderr, seconds = kill_rank_at_first_save(project, 1, "rl", "ppo")
     assert status == 75 and seconds < 60
     assert [line for line in stderr.splitlines() if line.startswith("failed:")] == [

@@ -65,6 +65,15 @@ def adapters(model: nn.Module) -> list[LoRALinear]:
     return [m for m in model.modules() if isinstance(m, LoRALinear)]
 
 
+def adapter_layout(model: nn.Module) -> tuple[int, float] | None:
+    """The (rank, alpha) `add_adapters` gave `model`; None without adapters."""
+    layers = adapters(model)
+    if not layers:
+        return None
+    rank = layers[0].lora_a.shape[0]
+    return rank, layers[0].scale * rank
+
+
 @contextlib.contextmanager
 def adapters_off(model: nn.Module) -> Iterator[None]:
     """`model` computes as its base model inside: the RL reference of an adapted policy."""

@@ -21,6 +21,7 @@ win rate and the KL to SFT are still measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -35,7 +36,8 @@ from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.policies import versus_reference
 from rlhf.models import checkpoint
-from rlhf.models.lora import add_adapters, merged_model
+from rlhf.models.backbone import Backbone
+from rlhf.models.lora import adapters_off, add_adapters, merged_model
 from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
 from rlhf.stages import paths
 from rlhf.stages.context import StageRun
@@ -55,7 +57,7 @@ TIMING_COLUMNS = ("rollout_tokens_per_s", "update_tokens_per_s", *(f"{k}_s" for 
 SPEC = StageSpec(
     "rl",
     "rlhf.stages.rl",
-    params=("seed", "device", "memory", "rl", ITEM),
+    params=("seed", "device", "memory", "train", "rl", ITEM),
     inputs=(
         paths.PROMPTS_TRAIN,
         paths.PROMPTS_HELDOUT,
@@ -120,6 +122,7 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         seed=p.seed,
         ptx_examples=[encode_example(tokenizer, d["prompt"], d["response"], block) for d in demos],
         world=stage.world,
+        strategy=p.train.strategy,
     )
 
 
@@ -172,8 +175,20 @@ def snapshot_staging(stage: StageRun) -> Path:
     return paths.RESUME / f"{stage.spec.item}_snapshots"
 
 
-def policy_payload(stage: StageRun, trainer: RLTrainer) -> dict[str, Any]:
-    return stage.payload(trainer.policy, kind="policy", step=trainer.step, algo=stage.spec.item)
+def policy_payload(stage: StageRun, policy: Backbone, step: int) -> dict[str, Any]:
+    """The checkpoint of a whole policy (`RLTrainer.whole_policy`): adapters merged in."""
+    return stage.payload(policy, kind="policy", step=step, algo=stage.spec.item)
+
+
+def judged_pair(
+    trainer: RLTrainer, policy: Backbone
+) -> tuple[Backbone, Backbone, contextlib.AbstractContextManager]:
+    """The trained policy as judged, its reference, and the context they are judged in: the
+    policy against the frozen SFT model, or an adapted policy merged against itself with its
+    adapters off."""
+    if trainer.reference is not None:
+        return policy, trainer.reference, contextlib.nullcontext()
+    return merged_model(policy), policy, adapters_off(policy)
 
 
 def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], list[dict]]:
@@ -215,20 +230,23 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                     stage.log(f"[{s['score']:+.2f}] {s['prompt']!r} -> {s['response']!r}")
             bar.update(task, completed=step, extra=f"score {stats['score']:+.3f} kl "
                        f"{stats['kl']:.3f} beta {stats['beta']:.3f}")  # fmt: skip
-            if writes and more and shared.snapshot_every and step % shared.snapshot_every == 0:
-                checkpoint.save(staging / f"step_{step:05d}.pt", policy_payload(stage, trainer))
-            if more and step % shared.save_every == 0:
+            # every rank gathers (fsdp2) what rank 0 writes
+            if more and shared.snapshot_every and step % shared.snapshot_every == 0:
+                payload = policy_payload(stage, trainer.whole_policy(), step)
                 if writes:
-                    state = {"trainer": trainer.state_dict(), "history": history,
-                             "samples": json.dumps(samples)}  # fmt: skip
+                    checkpoint.save(staging / f"step_{step:05d}.pt", payload)
+            if more and step % shared.save_every == 0:
+                state = {"trainer": trainer.state_dict(), "history": history,
+                         "samples": json.dumps(samples)}  # fmt: skip
+                if writes:
                     checkpoint.save_resume(resume, fingerprint, state)
-                saved = step  # every rank: its error names the state rank 0 saved
+                saved = step
     return history, samples
 
 
 def publish(
     stage: StageRun,
-    trainer: RLTrainer,
+    payload: dict[str, Any],
     history: list[dict[str, float]],
     samples: list[dict[str, Any]],
     metrics: dict[str, Any],
@@ -238,7 +256,7 @@ def publish(
     algorithm, staging = stage.spec.item, snapshot_staging(stage)
     assert algorithm is not None
     with published(stage.spec) as out:
-        checkpoint.save(out[paths.model_file(algorithm)], policy_payload(stage, trainer))
+        checkpoint.save(out[paths.model_file(algorithm)], payload)
         shutil.copytree(staging, out[paths.snapshots_dir(algorithm)])
         stage_curves(out, stage.spec)
         lines = "".join(json.dumps(s) + "\n" for s in samples)
@@ -257,19 +275,19 @@ def run(algorithm: str) -> dict[str, Any]:
     p, shared = stage.params, stage.params.rl
     trainer = build_trainer(stage, algorithm)
     history, samples = train(stage, trainer)
+    trained = trainer.whole_policy()  # every rank: gathered under fsdp2
     if not stage.world.is_main:  # rank 0 judges the policy and publishes
         return {}
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
-    reference, computes_as_reference = trainer.reference_policy()
-    policy = trainer.policy if trainer.reference is not None else merged_model(trainer.policy)
-    with computes_as_reference:
+    policy, reference, judged_as_reference = judged_pair(trainer, trained)
+    with judged_as_reference:
         metrics = summary(history, trainer) | versus_reference(
             policy, reference, stage.tokenizer, heldout,
             reward=(shared.reward, trainer.scorer), samples=shared.eval_samples,
             max_new_tokens=shared.max_new_tokens, seed=p.seed,
             batch_size=shared.eval_batch_size,
         )  # fmt: skip
-    publish(stage, trainer, history, samples, metrics)
+    publish(stage, policy_payload(stage, trained, trainer.step), history, samples, metrics)
     rates = ", ".join(f"{judge} {rate}" for judge, rate in metrics["win_rate_vs_sft"].items())
     stage.log(
         f"gold sampled {metrics['gold_sampled']} (SFT {metrics['gold_sampled_sft']}), win rate "

@@ -22,10 +22,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlhf.models.backbone import Backbone
+from rlhf.models.lora import adapter_layout, add_adapters
 from rlhf.train.distributed import World, data_parallel
 
 Result = TypeVar("Result")
@@ -57,6 +58,10 @@ class Replicas:
 
     def evaluate(self, function: Callable[[], Result]) -> Result:
         """`function()`, which runs the model forward only."""
+        return function()
+
+    def gathered(self, function: Callable[[], Result]) -> Result:
+        """`function()`, many forwards of the whole model (sampling)."""
         return function()
 
     def state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -94,6 +99,20 @@ class Shards:
     def evaluate(self, function: Callable[[], Result]) -> Result:
         return self.wrapped(function)
 
+    def gathered(self, function: Callable[[], Result]) -> Result:
+        """`function()` with every block gathered once and kept so until it returns: a
+        sampling loop's many forwards then run on the whole model without a collective
+        each, so ranks that stop decoding at different steps never wait on one another."""
+        blocks = [b for b in self.model.transformer_blocks() if isinstance(b, FSDPModule)]
+        for block in blocks:
+            block.set_reshard_after_forward(False)
+        try:
+            return self.wrapped(function)
+        finally:
+            for block in blocks:
+                block.reshard()
+                block.set_reshard_after_forward(True)
+
     def state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
         """The whole model's and optimizer's state, gathered on rank 0's CPU (the other ranks
         get empty dicts; every rank must call it)."""
@@ -119,11 +138,14 @@ class Shards:
 
     @torch.no_grad()
     def whole_model(self) -> Backbone:
-        """A plain model with the trained weights, on every rank: gathered one tensor at a
-        time into a fresh copy, so the peak is the whole model and one tensor beside the
-        shards. What follows training (evaluation, outputs) runs it as one process would."""
+        """A plain model with the trained weights (and adapters, if it has them), on every
+        rank: gathered one tensor at a time into a fresh copy, so the peak is the whole
+        model and one tensor beside the shards. What follows training (evaluation, outputs)
+        runs it as one process would."""
         with torch.device(self.device):
             whole = type(self.model)(self.model.config)
+        if (layout := adapter_layout(self.model)) is not None:
+            add_adapters(whole, *layout)
         whole.activation_checkpointing = self.model.activation_checkpointing
         targets = whole.state_dict()
         for name, value in self.model.state_dict().items():

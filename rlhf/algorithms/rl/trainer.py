@@ -14,7 +14,6 @@ of `state_dict()`, so an interrupted run picks up exactly where it stopped.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +50,7 @@ from rlhf.train.distributed import World, globally_normalized, sum_across
 from rlhf.train.guard import grad_norm, require_finite
 from rlhf.train.loop import batch_order
 from rlhf.train.optim import adamw, lr_at, set_lr
-from rlhf.train.sharding import Replicas
+from rlhf.train.sharding import hold
 
 
 @dataclass
@@ -96,13 +95,15 @@ class RLTrainer:
         seed: int,
         ptx_examples: Sequence[Example] = (),
         world: World = World(),  # noqa: B008 (frozen)
+        strategy: str = "ddp",
     ):
         """reference: the frozen SFT policy; None for an adapted policy (`add_adapters`),
         whose reference is itself with its adapters off. critic: the separate critic
         (`critic: separate`); None for a value head on the policy (`critic: shared`) or an
-        algorithm without a critic. Under torchrun (`world`)
-        each rank samples and scores its share of every iteration's rows and trains on its
-        share of every minibatch, its gradients averaged by DistributedDataParallel."""
+        algorithm without a critic. Under torchrun (`world`) each rank samples and scores
+        its share of every iteration's rows and trains on its share of every minibatch, the
+        policy and critic replicated (`strategy` ddp) or sharded across the ranks (fsdp2;
+        the frozen reference stays whole on each, in bfloat16 under `memory.frozen_bf16`)."""
         self.algorithm, self.cfg, self.shared = algorithm, cfg, shared
         self.policy, self.reference, self.critic = policy, reference, critic
         self.scorer, self.tokenizer = scorer, tokenizer
@@ -112,6 +113,12 @@ class RLTrainer:
         if isinstance(cfg, CriticParams) and cfg.critic == "separate" and critic is None:
             raise ValueError(f"{algorithm.name} with critic: separate needs a critic model")
         self.device = next(policy.parameters()).device
+        # how each rank holds the trained models: one gradient reduction per minibatch and
+        # model; the optimizers take the parameters as held (sharded under fsdp2)
+        self.held_policy = hold(policy, strategy, world, self.device, cfg.bf16)
+        self.held_critic = None
+        if critic is not None:
+            self.held_critic = hold(critic, strategy, world, self.device, cfg.bf16)
         betas = (cfg.beta1, cfg.beta2)
         self.policy_opt = adamw(policy, cfg.lr, cfg.weight_decay, betas)
         self.critic_opt = None
@@ -134,9 +141,6 @@ class RLTrainer:
                 model.eval()  # dropout off everywhere: it would make the ratios noise
         if reference is not None:
             reference.requires_grad_(False)
-        # the trained models as DDP runs them: one gradient reduction per minibatch and model
-        self.held_policy = Replicas(policy, world)
-        self.held_critic = Replicas(critic, world) if critic is not None else None
 
     # -- experience ------------------------------------------------------------------------
     @torch.no_grad()
@@ -151,12 +155,14 @@ class RLTrainer:
         seeds = torch.randint(SEED_LIMIT, (len(answered),), generator=self.sample_rng).tolist()
         mine, holds_rows = world.shard(list(range(len(answered))))
         started = time.perf_counter()
-        share = sample_rollout(
-            self.policy,
-            self.tokenizer,
-            [answered[i] for i in mine],
-            self.sampling,
-            RowStreams([seeds[i] for i in mine]),
+        share = self.held_policy.gathered(
+            lambda: sample_rollout(
+                self.policy,
+                self.tokenizer,
+                [answered[i] for i in mine],
+                self.sampling,
+                RowStreams([seeds[i] for i in mine]),
+            )
         )
         rollout_s = time.perf_counter() - started
 
@@ -212,25 +218,28 @@ class RLTrainer:
         """What the models say of each row: policy and reference log-probs [B, N], the
         critic's values [B, N] where there is a critic, the reward source's scores [B]."""
         args = (rollout.sequences, rollout.attention_mask, rollout.prompt_width)
+
+        def policy_side() -> dict[str, Tensor]:
+            out = response_forward(self.policy, *args, self.shared.temperature)
+            scored = {"policy_logprobs": out.logprobs}
+            if self.shared_critic:
+                scored["values"] = self.policy.values(out.hidden).float()
+            if self.reference is None:  # the adapted policy, its adapters off
+                with adapters_off(self.policy):
+                    reference = response_forward(self.policy, *args, self.shared.temperature)
+                scored["ref_logprobs"] = reference.logprobs
+            return scored
+
         with autocast(self.device, self.cfg.bf16):
-            policy_out = response_forward(self.policy, *args, self.shared.temperature)
-            reference, computes_as_reference = self.reference_policy()
-            with computes_as_reference:
-                ref_out = response_forward(reference, *args, self.shared.temperature)
-            scored = {"policy_logprobs": policy_out.logprobs, "ref_logprobs": ref_out.logprobs}
-            if self.critic is not None:
-                scored["values"] = response_values(self.critic, *args)
-            elif self.shared_critic:
-                scored["values"] = self.policy.values(policy_out.hidden).float()
+            scored = self.held_policy.evaluate(policy_side)
+            if self.reference is not None:
+                reference = response_forward(self.reference, *args, self.shared.temperature)
+                scored["ref_logprobs"] = reference.logprobs
+            if self.held_critic is not None:
+                critic = self.held_critic
+                scored["values"] = critic.evaluate(lambda: response_values(critic.model, *args))
         scored["scores"] = self.scorer(rollout.prompts, rollout.responses).to(self.device)
         return scored
-
-    def reference_policy(self) -> tuple[Backbone, contextlib.AbstractContextManager]:
-        """The reference policy and the context it computes in: the frozen SFT model, or the
-        adapted policy with its adapters off."""
-        if self.reference is not None:
-            return self.reference, contextlib.nullcontext()
-        return self.policy, adapters_off(self.policy)
 
     # -- update ----------------------------------------------------------------------------
     def _ptx_loss(self, record: Recorder) -> Tensor:
@@ -429,31 +438,35 @@ class RLTrainer:
 
     # -- resume ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs, the models and optimizers whole (every rank must
+        call it: under fsdp2 it gathers them, onto rank 0)."""
+        policy, policy_opt = self.held_policy.state(self.policy_opt)
         state: dict[str, Any] = {
             "step": self.step,
-            "policy": self.policy.state_dict(),
-            "policy_opt": self.policy_opt.state_dict(),
+            "policy": policy,
+            "policy_opt": policy_opt,
             "kl_ctl": self.kl_ctl.state(),
             "rng": rng_state(),
             "sample_rng": self.sample_rng.get_state(),
             "shuffle_rng": self.shuffle_rng.get_state(),
             "ptx_rng": list(self.ptx_rng.getstate()[1]),
         }
-        if self.critic is not None and self.critic_opt is not None:
-            state["critic"] = self.critic.state_dict()
-            state["critic_opt"] = self.critic_opt.state_dict()
+        if self.held_critic is not None and self.critic_opt is not None:
+            state["critic"], state["critic_opt"] = self.held_critic.state(self.critic_opt)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        self.policy.load_state_dict(state["policy"])
-        self.policy_opt.load_state_dict(state["policy_opt"])
+        self.held_policy.load(self.policy_opt, state["policy"], state["policy_opt"])
         self.kl_ctl.load(state["kl_ctl"])
         set_rng_state(state["rng"])
         self.sample_rng.set_state(state["sample_rng"])
         self.shuffle_rng.set_state(state["shuffle_rng"])
         version, _, gauss = self.ptx_rng.getstate()
         self.ptx_rng.setstate((version, tuple(int(x) for x in state["ptx_rng"]), gauss))
-        if self.critic is not None and self.critic_opt is not None:
-            self.critic.load_state_dict(state["critic"])
-            self.critic_opt.load_state_dict(state["critic_opt"])
+        if self.held_critic is not None and self.critic_opt is not None:
+            self.held_critic.load(self.critic_opt, state["critic"], state["critic_opt"])
+
+    def whole_policy(self) -> Backbone:
+        """The policy, whole (every rank must call it: under fsdp2 it gathers a copy)."""
+        return self.held_policy.whole_model()
