@@ -12,6 +12,7 @@ from rlhf.algorithms.rules import contains_number
 from rlhf.algorithms.scorers import RuleScorer
 from rlhf.data.tokenizer import save_tokenizer
 from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.models.lora import adapters, add_adapters, merged_model
 from rlhf.params import CriticParams, RLParams
 from rlhf.sampling.forward import response_forward
 from rlhf.sampling.rollout import sample_rollout
@@ -70,3 +71,26 @@ def test_every_algorithm_iterates_on_cuda_in_bf16(tokenizer, algorithm):
     print(f"{algorithm}: approx-KL of the last update {stats['approx_kl']:.2e}")
     moved = any(not torch.equal(start[k], v) for k, v in policy.state_dict().items())
     assert moved
+
+
+def test_lora_ppo_iterates_on_cuda_in_bf16_and_merges_to_its_logits(tokenizer):
+    """Adapters under bf16 autocast: the update moves them alone, the reference is the
+    policy with them off, and the merged model gives the adapted logits (in float32)."""
+    cfg = ALGORITHMS["ppo"].params(steps=3, batch_size=8, minibatch_size=4, lr=1e-2)
+    policy, critic = (add_adapters(model(tokenizer), rank=8, alpha=16.0) for _ in range(2))
+    base = {k: v.clone() for k, v in policy.state_dict().items() if "lora_" not in k}
+    trainer = RLTrainer(
+        ALGORITHMS["ppo"], cfg, RLParams(max_new_tokens=12), policy=policy, reference=None,
+        critic=critic, scorer=RuleScorer(contains_number), tokenizer=tokenizer,
+        prompts=PROMPTS, seed=0,
+    )  # fmt: skip
+    for _ in range(3):
+        stats, _ = trainer.iteration()
+        assert all(math.isfinite(v) for k, v in stats.items() if k != "explained_variance"), stats
+    assert all(torch.equal(v, base[k]) for k, v in policy.state_dict().items() if k in base)
+    assert any(layer.lora_b.abs().max() > 0 for layer in adapters(policy))
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 16), device=CUDA)
+    with torch.no_grad():
+        gap = (merged_model(policy)(ids) - policy(ids)).abs().max().item()
+    print(f"merged vs adapted logits on CUDA: {gap:.2e}")
+    assert gap < 1e-4  # float32 matmuls on a GPU (TF32 off by default)
