@@ -141,7 +141,8 @@ class TrainParams:
         "compute with float32 gradient reduction under the stage's bf16 on CUDA, for models "
         "whose training does not fit one GPU; the whole model is gathered for sampling, the "
         "evaluation and the outputs, and RL's frozen reference stays whole on each. The same "
-        "numbers either way.",
+        "numbers either way on the CPU; on CUDA under bf16 the sharded model computes with "
+        "bfloat16 weights where ddp autocasts float32 ones.",
     )
 
 

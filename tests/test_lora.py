@@ -85,3 +85,15 @@ def test_an_adapted_policy_exports_merged_and_transformers_gives_its_logits(tmp_
     folder = save_folder(loaded, tmp_path / "hf")
     exported = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     assert (exported(input_ids=IDS).logits - model(IDS)).abs().max() <= 1e-5
+
+
+def test_adapters_off_restores_what_it_found_and_adapting_twice_is_refused():
+    model = trained_adapters(built("gpt"))
+    with adapters_off(model):
+        with adapters_off(model):
+            pass
+        assert not any(layer.enabled for layer in adapters(model))  # the outer block still off
+    assert all(layer.enabled for layer in adapters(model))
+    with pytest.raises(ValueError, match="adapters already"):
+        add_adapters(model, rank=4, alpha=8.0)
+    assert not any(t.requires_grad for t in merged_state_dict(model).values())

@@ -26,7 +26,7 @@ from rlhf.stages import dpo
 from rlhf.stages.entry import DEBUG_ENV
 from rlhf.train import loop
 from rlhf.train.guard import NonFiniteError
-from rlhf.train.memory import Workload, preflight
+from rlhf.train.memory import Workload, estimate_bytes, preflight
 
 from conftest import (
     assert_resume_matches,
@@ -244,6 +244,21 @@ def test_memory_preflight_refuses_what_the_device_cannot_hold():
         preflight("sft", "gpt", huge, Workload(sequences=32), torch.device("cpu"))
     tiny = {"vocab_size": 400, "block_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 48}
     assert 0 < preflight("sft", "gpt", tiny, Workload(sequences=16), torch.device("cpu")) < 2**30
+
+
+def test_the_preflight_prices_sharded_and_adapted_models_as_they_are_held():
+    """fsdp2 keeps 1/N of a trained model's 16 bytes a parameter, plus one whole fp32 copy at
+    a time; a LoRA base is frozen fp32 (4 bytes) even where frozen models are bf16."""
+    shape = {"vocab_size": 50257, "block_size": 1024, "n_layer": 24, "n_head": 16, "n_embd": 1024}
+    params = estimate_bytes("gpt", shape, Workload(trained=0, adapted=1)) // 4  # weights only
+
+    def weights(work: Workload) -> int:
+        return estimate_bytes("gpt", shape, work)
+
+    assert weights(Workload(trained=1)) == 16 * params
+    assert weights(Workload(trained=1, sharded_over=8)) == 16 * params // 8 + 4 * params
+    assert weights(Workload(trained=0, adapted=1, frozen_bf16=True)) == 4 * params
+    assert weights(Workload(trained=0, frozen=1, frozen_bf16=True)) == 2 * params
 
 
 def test_a_model_too_big_for_the_machine_is_refused_in_one_line(trained_project, tmp_path):

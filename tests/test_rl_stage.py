@@ -110,7 +110,9 @@ def trainer_for(
     trained_project, algorithm: str, overrides: dict, *, dropout: float = 0.0, lora: int = 0
 ):
     """A trainer for `algorithm` on the tiny project's SFT policy (and its RM as critic);
-    `lora` > 0 trains adapters of that rank on both, the policy its own reference."""
+    `lora` > 0 trains adapters of that rank on both, the policy its own reference. Seeded:
+    the adapters' initialization draws from the global generator, which earlier tests move."""
+    torch.manual_seed(0)
     tokenizer = load_tokenizer(trained_project / "artifacts" / "tokenizer")
     sft = trained_project / "artifacts" / "sft" / "model.pt"
     cfg = ALGORITHMS[algorithm].params(**overrides)
@@ -153,38 +155,42 @@ LEARNS = {
 }
 
 
+def assert_learns_numbers(trainer, name: str) -> None:
+    """30 iterations raise the share of answers with a number by 30 points at least."""
+    before = number_share(trainer)
+    for _ in range(30):
+        trainer.iteration()
+    after = number_share(trainer)
+    print(f"{name}: answers with a number {before:.3f} -> {after:.3f}")
+    assert after - before >= 0.30, (before, after)
+
+
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_every_algorithm_learns_the_rule_reward_contains_number(trained_project, algorithm):
     """The learning signal is real: a rule reward moves what each algorithm's policy says."""
     overrides = {"steps": 30, "minibatch_size": 16, "lr": 2e-3, "kl_coef": 0.01}
     trainer = trainer_for(trained_project, algorithm, overrides | LEARNS[algorithm])
-    before = number_share(trainer)
-    for _ in range(30):
-        trainer.iteration()
-    after = number_share(trainer)
-    print(f"{algorithm}: answers with a number {before:.3f} -> {after:.3f}")
-    assert after - before >= 0.30, (before, after)
+    assert_learns_numbers(trainer, algorithm)
 
 
 def test_lora_ppo_learns_the_rule_reward_on_one_copy_of_the_base(trained_project):
     """Rank-8 adapters on the policy and on the critic, the reference being the policy with
     its adapters off (no second copy): the same budget as full PPO, a larger learning rate
-    (measured 0.275 -> 0.95). The merged model gives the adapted model's logits."""
+    (measured 0.275 -> 0.9 to 0.97 over three seeds). The merged model gives the adapted
+    model's logits: within 1e-5 in float64, where only the algebra counts, and in float32
+    within its rounding of logits near 10 (measured 3e-6 to 5e-6)."""
     overrides = {"steps": 30, "minibatch_size": 16, "lr": 1e-2, "kl_coef": 0.01}
     trainer = trainer_for(trained_project, "ppo", overrides | LEARNS["ppo"], lora=8)
     assert trainer.reference is None
-    before = number_share(trainer)
-    for _ in range(30):
-        trainer.iteration()
-    after = number_share(trainer)
-    print(f"lora ppo: answers with a number {before:.3f} -> {after:.3f}")
-    assert after - before >= 0.30, (before, after)
+    assert_learns_numbers(trainer, "lora ppo")
     policy, ids = trainer.policy, torch.randint(0, 400, (4, 24), generator=torch.Generator())
     with torch.no_grad():
-        torch.testing.assert_close(merged_model(policy)(ids), policy(ids), atol=1e-5, rtol=0)
         sft = checkpoint.load_model(trained_project / "artifacts" / "sft" / "model.pt")[0]
         with adapters_off(policy):
             assert torch.equal(policy(ids), sft(ids))  # the base weights never moved
+        torch.testing.assert_close(merged_model(policy)(ids), policy(ids), atol=1e-5, rtol=1e-5)
+        policy.double()
+        torch.testing.assert_close(merged_model(policy)(ids), policy(ids), atol=1e-5, rtol=0)
 
 
 def test_a_lora_rl_stage_writes_a_merged_policy(trained_project, tmp_path):

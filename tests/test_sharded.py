@@ -9,6 +9,7 @@ from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.llama import Llama, LlamaConfig
 
+from conftest import kill_at_first_save
 from stage_runs import (
     LOSSES,
     ONE_STEP,
@@ -82,3 +83,20 @@ def test_a_killed_sharded_run_resumes_to_the_same_numbers(trained_project, tmp_p
     assert rerun.returncode == 0, rerun.stderr
     assert "sft: resuming from step 5 of 100" in rerun.stderr
     assert metrics(project, "sft") == metrics(whole, "sft")
+
+
+@pytest.mark.slow
+def test_a_state_saved_by_one_process_resumes_sharded_across_two(trained_project, tmp_path):
+    """One resume format whichever way the model was held: a run killed at 1 process goes on
+    sharded across 2 and ends where an uninterrupted run ends, within 1e-4."""
+    overrides = SHARDED | {"sft.save_every": 5}
+    whole = stage_project(trained_project, tmp_path / "whole", "sft", overrides)
+    assert run_stage(whole, "sft", 1).returncode == 0
+    project = stage_project(trained_project, tmp_path / "killed", "sft", overrides)
+    kill_at_first_save(project, "rlhf.stages.sft", project / ".rlhf" / "resume" / "sft.pt")
+    rerun = run_stage(project, "sft", 2)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "sft: resuming from step 5 of 100" in rerun.stderr
+    resumed, uninterrupted = metrics(project, "sft"), metrics(whole, "sft")
+    assert_close(resumed, uninterrupted, LOSSES["sft"], rel=1e-4)
+    assert resumed["step_losses"] == pytest.approx(uninterrupted["step_losses"], rel=1e-4)

@@ -136,8 +136,11 @@ def load_resume(
     fingerprint: str,
     keys: Iterable[str],
     log: Callable[[str], None] = print,
+    *,
+    mmap: bool = False,
 ) -> dict[str, Any] | None:
-    """Resume state saved for these exact inputs, code and params, or None.
+    """Resume state saved for these exact inputs, code and params, or None; `mmap` maps its
+    tensors from the file (processes reading one file then share its pages).
 
     State from other inputs (a changed param, new data) is ignored rather than resumed: it
     would silently mix two runs. State that cannot be read, or lacks one of `keys`, is moved
@@ -148,7 +151,7 @@ def load_resume(
     if not path.exists():
         return None
     try:
-        state = load(path)
+        state = load(path, mmap=mmap)
         require(path, state, keys)
     except CheckpointError as exc:
         aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")

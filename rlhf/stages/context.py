@@ -65,12 +65,15 @@ class StageRun:
             console.print(f"{self.spec.address}: {text}")
 
     def workload(self, **counts: int) -> Workload:
-        """A `Workload` of these counts under this run's memory options."""
+        """A `Workload` of these counts under this run's memory options, and for a training
+        stage (one keyed by the `train` group) its sharding across the processes."""
         memory = self.params.memory
+        sharded = "train" in self.spec.params and self.params.train.strategy == "fsdp2"
         return Workload(
             **counts,
             checkpointed=memory.activation_checkpointing,
             frozen_bf16=self.frozen_bf16,
+            sharded_over=self.world.size if sharded else 1,
         )
 
     @property

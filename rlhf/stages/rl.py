@@ -84,7 +84,8 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     lora = p.rl.lora_rank > 0  # then adapters train, and the policy is its own reference
     work = stage.workload(
         trained=0 if lora else trained,
-        frozen=trained + rewarded if lora else 1 + rewarded,
+        adapted=trained if lora else 0,
+        frozen=rewarded if lora else 1 + rewarded,  # the reference, unless adapters are off
         sequences=cfg.minibatch_size + (cfg.ptx_batch_size if cfg.ptx_coef > 0 else 0),
         sampled=cfg.batch_size * cfg.group_size,
     )
@@ -232,9 +233,10 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                        f"{stats['kl']:.3f} beta {stats['beta']:.3f}")  # fmt: skip
             # every rank gathers (fsdp2) what rank 0 writes
             if more and shared.snapshot_every and step % shared.snapshot_every == 0:
-                payload = policy_payload(stage, trainer.whole_policy(), step)
+                policy = trainer.whole_policy()
                 if writes:
-                    checkpoint.save(staging / f"step_{step:05d}.pt", payload)
+                    checkpoint.save(staging / f"step_{step:05d}.pt",
+                                    policy_payload(stage, policy, step))  # fmt: skip
             if more and step % shared.save_every == 0:
                 state = {"trainer": trainer.state_dict(), "history": history,
                          "samples": json.dumps(samples)}  # fmt: skip

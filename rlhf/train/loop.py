@@ -100,11 +100,17 @@ def resume_state(
     keys: Sequence[str] = RESUME_KEYS,
 ) -> dict[str, Any] | None:
     """The saved state to resume, the same on every rank: rank 0 reads it first (and moves
-    an unreadable file aside), the others once it has."""
-    state = checkpoint.load_resume(resume_file, fingerprint, keys, log) if world.is_main else None
+    an unreadable file aside), the others once it has. Under torchrun every rank maps it
+    from the file, so N ranks hold one copy of a large model's state in memory, not N."""
+    mmap = world.distributed
+    state = (
+        checkpoint.load_resume(resume_file, fingerprint, keys, log, mmap=mmap)
+        if world.is_main
+        else None
+    )
     barrier(world)
     if not world.is_main:
-        state = checkpoint.load_resume(resume_file, fingerprint, keys, log)
+        state = checkpoint.load_resume(resume_file, fingerprint, keys, log, mmap=mmap)
     return state
 
 

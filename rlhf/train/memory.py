@@ -32,10 +32,12 @@ class Workload:
 
     trained: int = 1  # models with gradients and optimizer state
     frozen: int = 0  # models held for inference only
+    adapted: int = 0  # models whose fp32 weights stay frozen under trained LoRA adapters
     sequences: int = 0  # sequences of one training step (forward and backward)
     sampled: int = 0  # sequences sampled at once, each with a KV cache
     checkpointed: bool = False  # activation checkpointing in the trained models
     frozen_bf16: bool = False  # frozen models held in bfloat16
+    sharded_over: int = 1  # processes the trained models' state is sharded across (fsdp2)
 
 
 def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int:
@@ -44,7 +46,14 @@ def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int
     model.activation_checkpointing = work.checkpointed
     params = sum(p.numel() for p in model.parameters())
     frozen = FROZEN_BF16_BYTES_PER_PARAM if work.frozen_bf16 else FROZEN_BYTES_PER_PARAM
-    weights = params * (TRAINED_BYTES_PER_PARAM * work.trained + frozen * work.frozen)
+    trained = TRAINED_BYTES_PER_PARAM * work.trained
+    if work.sharded_over > 1 and work.trained:
+        # each process keeps its share, and gathers one whole fp32 copy at a time (for
+        # sampling, the evaluation, the outputs)
+        trained = trained / work.sharded_over + FROZEN_BYTES_PER_PARAM
+    weights = round(
+        params * (trained + frozen * work.frozen + FROZEN_BYTES_PER_PARAM * work.adapted)
+    )
     seq_len = model.max_seq_len
     activations = work.sequences * seq_len * model.activation_floats(seq_len)
     cache = work.sampled * seq_len * model.cache_floats()

@@ -10,6 +10,7 @@ model's state for the resume file, whatever the number of processes, so a run re
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,14 +23,20 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlhf.models.backbone import Backbone
-from rlhf.models.lora import adapter_layout, add_adapters
+from rlhf.models.lora import same_layout
 from rlhf.train.distributed import World, data_parallel
 
 Result = TypeVar("Result")
+
+# the whole state, in one format (keyed by parameter name) whichever way the model is held, so
+# a resume state written by one process loads into several, replicated or sharded, and back
+WHOLE = StateDictOptions(full_state_dict=True)
+# a head the stage never trains (SFT's reward head) has no optimizer state: not strict
+WHOLE_OPTIMIZER = StateDictOptions(full_state_dict=True, strict=False)
 
 
 class Runs(nn.Module):
@@ -66,11 +73,14 @@ class Replicas:
 
     def state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
         """The model's and the optimizer's state, whole."""
-        return self.model.state_dict(), optimizer.state_dict()
+        return self.model.state_dict(), get_optimizer_state_dict(
+            self.model, optimizer, options=WHOLE
+        )
 
     def load(self, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
+        """Load a whole state (`state`'s, either holder's)."""
         self.model.load_state_dict(model_state)
-        optimizer.load_state_dict(optim_state)
+        set_optimizer_state_dict(self.model, optimizer, optim_state, options=WHOLE_OPTIMIZER)
 
     def whole_model(self) -> Backbone:
         """The trained model, whole, for what follows the training."""
@@ -85,13 +95,15 @@ class Shards:
     float32. Every rank must run the same forwards: evaluations see the same data on each."""
 
     def __init__(self, model: Backbone, device: torch.device, bf16: bool) -> None:
-        policy = MixedPrecisionPolicy()
+        blocks, root = MixedPrecisionPolicy(), MixedPrecisionPolicy(cast_forward_inputs=False)
         if bf16 and device.type == "cuda":
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.transformer_blocks():
-            fully_shard(block, mp_policy=policy)
+            blocks = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            # what the losses are handed (RL's rollout log-probs, advantages, returns) keeps
+            # its precision: only the blocks cast their inputs
+            root = dataclasses.replace(blocks, cast_forward_inputs=False)
+        self.blocks = [fully_shard(b, mp_policy=blocks) for b in model.transformer_blocks()]
         self.model, self.device = model, device
-        self.wrapped = fully_shard(Runs(model), mp_policy=policy)
+        self.wrapped = fully_shard(Runs(model), mp_policy=root)
 
     def loss(self, function: Callable[..., Result], *args: Any) -> Result:
         return self.wrapped(function, *args)
@@ -103,13 +115,12 @@ class Shards:
         """`function()` with every block gathered once and kept so until it returns: a
         sampling loop's many forwards then run on the whole model without a collective
         each, so ranks that stop decoding at different steps never wait on one another."""
-        blocks = [b for b in self.model.transformer_blocks() if isinstance(b, FSDPModule)]
-        for block in blocks:
+        for block in self.blocks:
             block.set_reshard_after_forward(False)
         try:
             return self.wrapped(function)
         finally:
-            for block in blocks:
+            for block in self.blocks:
                 block.reshard()
                 block.set_reshard_after_forward(True)
 
@@ -123,18 +134,10 @@ class Shards:
         )
 
     def load(self, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
-        """Shard a whole state (`state`'s, read by every rank) into the model and optimizer."""
-        set_model_state_dict(
-            self.model, model_state, options=StateDictOptions(full_state_dict=True)
-        )
-        # a head the stage never trains (SFT's reward head) has no optimizer state, as with
-        # a plain optimizer: not strict
-        set_optimizer_state_dict(
-            self.model,
-            optimizer,
-            optim_state,
-            options=StateDictOptions(full_state_dict=True, strict=False),
-        )
+        """Shard a whole state (either holder's `state`, which every rank maps from the
+        resume file) into the model and optimizer."""
+        set_model_state_dict(self.model, model_state, options=WHOLE)
+        set_optimizer_state_dict(self.model, optimizer, optim_state, options=WHOLE_OPTIMIZER)
 
     @torch.no_grad()
     def whole_model(self) -> Backbone:
@@ -142,11 +145,7 @@ class Shards:
         rank: gathered one tensor at a time into a fresh copy, so the peak is the whole
         model and one tensor beside the shards. What follows training (evaluation, outputs)
         runs it as one process would."""
-        with torch.device(self.device):
-            whole = type(self.model)(self.model.config)
-        if (layout := adapter_layout(self.model)) is not None:
-            add_adapters(whole, *layout)
-        whole.activation_checkpointing = self.model.activation_checkpointing
+        whole = same_layout(self.model, self.device)
         targets = whole.state_dict()
         for name, value in self.model.state_dict().items():
             targets[name].copy_(value.full_tensor() if isinstance(value, DTensor) else value)
