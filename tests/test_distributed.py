@@ -7,7 +7,9 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from rlhf.models import checkpoint
 from rlhf.stages.entry import PEER_LOST, USER_ERROR
 from rlhf.stages.launch import WorkerFailed, worker_failure
 from rlhf.train.distributed import World
@@ -35,64 +37,78 @@ def test_the_ranks_share_every_row_of_a_batch_once(world):
     assert World(rank=2, size=3).shard([4, 5]) == ([4], False)  # forwards a row at weight 0
 
 
+def two_process_runs(trained_project, directory, stage, overrides, strategies):
+    """The stage's metrics at 1 process, and at 2 under each of `strategies`, with the
+    projects the 2-process runs wrote."""
+    one = stage_project(trained_project, directory / "n1", stage, overrides)
+    assert run_stage(one, stage, 1).returncode == 0
+    runs = {}
+    for strategy in strategies:
+        project = stage_project(trained_project, directory / strategy, stage,
+                                overrides | {"train.strategy": strategy})  # fmt: skip
+        done = run_stage(project, stage, 2)
+        assert done.returncode == 0, done.stderr
+        runs[strategy] = project
+    return metrics(one, stage), runs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["sft", "rm", "dpo"])
 def test_two_processes_take_the_step_one_takes(trained_project, tmp_path, stage):
-    """One step over the whole training set, split 2 ways by rows of unequal size: the
-    losses and the validation after the step agree with one process within 1e-5."""
-    runs = {}
-    for nproc in (1, 2):
-        project = stage_project(trained_project, tmp_path / f"n{nproc}", stage, ONE_STEP[stage])
-        done = run_stage(project, stage, nproc)
-        assert done.returncode == 0, done.stderr
-        runs[nproc] = metrics(project, stage)
-    assert runs[1]["steps"] == runs[2]["steps"] == 1
-    assert runs[2]["step_losses"] == pytest.approx(runs[1]["step_losses"], rel=1e-5)
-    assert_close(runs[2], runs[1], LOSSES[stage], rel=1e-5)
+    """One step over the whole training set, split 2 ways by rows of unequal size, the model
+    replicated (DDP) or sharded (FSDP2): the losses and the validation after the step agree
+    with one process within 1e-5, and the two ways write the same model within 1e-5."""
+    single, runs = two_process_runs(trained_project, tmp_path, stage, ONE_STEP[stage],
+                                    ("ddp", "fsdp2"))  # fmt: skip
+    for project in runs.values():
+        two = metrics(project, stage)
+        assert single["steps"] == two["steps"] == 1
+        assert two["step_losses"] == pytest.approx(single["step_losses"], rel=1e-5)
+        assert_close(two, single, LOSSES[stage], rel=1e-5)
+    replicated, sharded = (
+        checkpoint.load(runs[s] / "artifacts" / stage / "model.pt")["model"]
+        for s in ("ddp", "fsdp2")
+    )
+    assert replicated.keys() == sharded.keys()
+    for name, tensor in replicated.items():  # whole tensors, not shards
+        torch.testing.assert_close(sharded[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["sft", "rm", "dpo"])
 def test_a_full_tiny_run_at_two_processes_matches_one(trained_project, tmp_path, stage):
-    """A whole tiny run of each stage: only the summation order differs, which Adam's
-    normalized steps carry on (measured 5e-7 relative for SFT); 1e-4 is the tolerance."""
-    runs = {}
-    for nproc in (1, 2):
-        project = stage_project(trained_project, tmp_path / f"n{nproc}", stage)
-        assert run_stage(project, stage, nproc).returncode == 0
-        runs[nproc] = metrics(project, stage)
-    assert_close(runs[2], runs[1], LOSSES[stage], rel=1e-4)
-    assert runs[2]["step_losses"] == pytest.approx(runs[1]["step_losses"], rel=1e-4)
-    assert runs[2]["steps"] == runs[1]["steps"]
+    """A whole tiny run of each stage (SFT's also sharded): only the summation order
+    differs, which Adam's normalized steps carry on (measured 5e-7 relative for SFT, 1e-6
+    between DDP and FSDP2); 1e-4 is the tolerance."""
+    strategies = ("ddp", "fsdp2") if stage == "sft" else ("ddp",)
+    single, runs = two_process_runs(trained_project, tmp_path, stage, {}, strategies)
+    for project in runs.values():
+        two = metrics(project, stage)
+        assert_close(two, single, LOSSES[stage], rel=1e-4)
+        assert two["step_losses"] == pytest.approx(single["step_losses"], rel=1e-4)
+        assert two["steps"] == single["steps"]
 
 
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_stage_at_once_and_the_rerun_resumes(trained_project, tmp_path):
-    overrides = {"sft.save_every": 5}
+    """A rerun at another count resumes too: tests/test_sharded.py."""
+    overrides = {"sft.save_every": 5, "sft.epochs": 2}
     whole = stage_project(trained_project, tmp_path / "whole", "sft", overrides)
     assert run_stage(whole, "sft", 2).returncode == 0
-    for rerun_nproc in (2, 1):  # the resume state holds the full model: any count resumes
-        project = stage_project(trained_project, tmp_path / f"killed{rerun_nproc}", "sft",
-                                overrides)  # fmt: skip
-        status, stderr, seconds = kill_rank_at_first_save(project, rank=1)
-        assert status == 75 and seconds < 60  # EX_TEMPFAIL: a scheduler retries, and resumes
-        said = [line for line in stderr.splitlines() if line.startswith(("error:", "failed:"))]
-        assert said == [
-            "failed: rank 1 of 2 was killed by SIGKILL, and the other ranks were stopped; run "
-            "the stage again (dvc repro) to resume from its last save (RLHF_DEBUG=1 shows "
-            "each rank's traceback)"
-        ]
-        assert "Traceback" not in stderr  # rank 0's broken collective is not a second report
-        assert not (project / "metrics" / "sft.json").exists()
-        rerun = run_stage(project, "sft", rerun_nproc)
-        assert "sft: resuming from step 5 of 100" in rerun.stderr
-        if rerun_nproc == 2:
-            assert metrics(project, "sft") == metrics(whole, "sft")
-        else:
-            resumed = metrics(project, "sft")
-            assert_close(resumed, metrics(whole, "sft"), LOSSES["sft"], rel=1e-4)
-            assert resumed["step_losses"] == pytest.approx(metrics(whole, "sft")["step_losses"],
-                                                           rel=1e-4)  # fmt: skip
+    project = stage_project(trained_project, tmp_path / "killed", "sft", overrides)
+    status, stderr, seconds = kill_rank_at_first_save(project, rank=1)
+    assert status == 75 and seconds < 60  # EX_TEMPFAIL: a scheduler retries, and resumes
+    said = [line for line in stderr.splitlines() if line.startswith(("error:", "failed:"))]
+    assert said == [
+        "failed: rank 1 of 2 was killed by SIGKILL, and the other ranks were stopped; run "
+        "the stage again (dvc repro) to resume from its last save (RLHF_DEBUG=1 shows "
+        "each rank's traceback)"
+    ]
+    assert "Traceback" not in stderr  # rank 0's broken collective is not a second report
+    assert not (project / "metrics" / "sft.json").exists()
+    rerun = run_stage(project, "sft", 2)
+    assert "sft: resuming from step 5 of 50" in rerun.stderr
+    assert metrics(project, "sft") == metrics(whole, "sft")
 
 
 def test_the_process_count_changes_no_stage(trained_project, tmp_path):
