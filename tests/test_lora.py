@@ -47,8 +47,9 @@ def test_an_adapted_model_starts_as_its_base_and_trains_only_its_adapters(family
     assert len(adapters(base)) == n_linear  # attention and MLP, every block
     assert torch.equal(base(IDS), before)  # B = 0: no update yet
     trainable = {name for name, p in base.named_parameters() if p.requires_grad}
-    assert trainable == {n for n in trainable if "lora_" in n} | {"value_head.weight",
-                                                                   "value_head.bias"}  # fmt: skip
+    adapter_params = {name for name, _ in base.named_parameters() if ".lora_" in name}
+    assert len(adapter_params) == 2 * n_linear  # A and B of every adapter
+    assert trainable == adapter_params | {"value_head.weight", "value_head.bias"}
     assert all(isinstance(m.base, torch.nn.Linear) for m in adapters(base))
 
 
