@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +30,19 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+PHASES = ("rollout", "scoring", "update")
+
+
+def iteration_summary(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Medians over RL iterations (`RLTrainer.iteration` statistics): seconds of each phase and
+    their sum, tokens sampled and trained per second, and the mean response length."""
+    phases = {p: statistics.median(r[f"{p}_s"] for r in runs) for p in PHASES}
+    return {
+        "mean_response_tokens": round(statistics.mean(r["response_length"] for r in runs), 1),
+        **{f"{p}_s": round(s, 3) for p, s in phases.items()},
+        "iteration_s": round(sum(phases.values()), 3),
+        "rollout_tokens_per_s": round(statistics.median(r["rollout_tokens_per_s"] for r in runs)),
+        "update_tokens_per_s": round(statistics.median(r["update_tokens_per_s"] for r in runs)),
+    }

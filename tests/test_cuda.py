@@ -1,23 +1,28 @@
-"""The CUDA path: bf16 autocast rollouts and updates of every RL algorithm on a GPU. Skipped
-where torch sees no CUDA device; run them on a GPU host (`pytest tests/test_cuda.py`)."""
+"""The CUDA path: bf16 autocast rollouts and updates of every RL algorithm on a GPU, and a model
+trained there loading on a CPU. Skipped where torch sees no CUDA device; run them on a GPU host
+(`pytest tests/test_cuda.py`, or `bash benchmarks/gpu.sh setup tests`)."""
 
 import math
 
 import pytest
 import torch
 
+from rlhf.algorithms import sft
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import RLTrainer
 from rlhf.algorithms.rules import contains_number
 from rlhf.algorithms.scorers import RuleScorer
+from rlhf.data.chat import encode_example
 from rlhf.data.tokenizer import save_tokenizer
+from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.lora import adapters, add_adapters, merged_model
-from rlhf.params import CriticParams, RLParams
+from rlhf.params import CriticParams, RLParams, SFTParams
 from rlhf.sampling.forward import response_forward
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.train.device import autocast
+from rlhf.train.loop import fit
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -94,3 +99,28 @@ def test_lora_ppo_iterates_on_cuda_in_bf16_and_merges_to_its_logits(tokenizer):
         gap = (merged_model(policy)(ids) - policy(ids)).abs().max().item()
     print(f"merged vs adapted logits on CUDA: {gap:.2e}")
     assert gap < 1e-4  # float32 matmuls on a GPU (TF32 off by default)
+
+
+def test_a_model_trained_on_cuda_in_bf16_loads_on_a_cpu_with_its_logits(tokenizer, tmp_path):
+    """SFT's loop under bf16 autocast on the GPU learns (the loss falls), and the checkpoint a
+    stage writes from the trained model loads on a CPU with the GPU's float32 logits."""
+    policy = model(tokenizer)
+    examples = [encode_example(tokenizer, p, str(2 * i + 2), 64) for i, p in enumerate(PROMPTS)]
+    pad = tokenizer.pad_id
+    history, trained = fit(
+        policy, SFTParams(epochs=30, batch_size=8, lr=1e-2, warmup_steps=0, save_every=10**6),
+        seed=0, n_examples=len(examples), evaluate=dict, device=CUDA,
+        batch_loss=lambda rows: sft.batch_loss(policy, [examples[i] for i in rows], pad),
+        resume_file=tmp_path / "resume.pt", fingerprint="cuda", log=lambda line: None,
+    )  # fmt: skip
+    losses = [row["train_loss"] for row in history.steps]
+    print(f"bf16 SFT on CUDA: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    assert losses[-1] < 0.5 * losses[0]
+    path = tmp_path / "policy.pt"
+    checkpoint.save(path, checkpoint.model_payload(trained, tokenizer, "cuda", "policy"))
+    on_cpu, _ = checkpoint.load_model(path, tokenizer, "cpu")
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 16))
+    with torch.no_grad():
+        gap = (on_cpu(ids) - trained(ids.to(CUDA)).cpu()).abs().max().item()
+    print(f"CPU vs CUDA logits of the same checkpoint: {gap:.2e}")
+    assert gap < 1e-4

@@ -10,6 +10,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 
+import pytest
+
+# GPU hosts run the suite without Prefect and its Docker worker (benchmarks/gpu.sh)
+pytest.importorskip("prefect_docker")
+
 from docker.models.containers import _create_container_args
 from prefect import get_client
 from prefect_docker.worker import DockerWorker, DockerWorkerJobConfiguration

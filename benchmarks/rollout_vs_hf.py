@@ -1,0 +1,189 @@
+"""Rollout tokens/s: the pipeline's sampler against Hugging Face `generate`, same model and weights.
+
+One GPT-2 folder with random weights at GPT-2 124M's shape (`gpt2_shape.py`) is loaded twice:
+by the pipeline as it loads a user's GPT-2 (`load_folder`) and by `transformers`
+(`GPT2LMHeadModel.from_pretrained`). Both sample 128 new tokens after the same left-padded
+prompts (16 to 48 random tokens) at temperature 1 from the whole distribution (HF: `top_k=0`,
+`top_p=1`), at batch 64 and 256, with the KV cache, on the weights cast to each `--dtypes`
+(bfloat16 is how the pipeline holds sampling-only models on CUDA, `memory.frozen_bf16`).
+Random weights almost never emit the end token, and HF is held to exactly 128 tokens
+(`min_new_tokens`), so both do batch x 128 decoding steps' work. The pipeline draws from a
+seeded stream per row (`RowStreams`), as its RL rollouts do.
+
+Before timing, one check that the two really hold the same model: their float32 logits on
+the prompts agree, and greedy decoding gives the same tokens (float32, 4 prompts, 16 tokens).
+
+    python benchmarks/rollout_vs_hf.py --device cuda [--batches 64,256] [--dtypes bfloat16,float32]
+    python benchmarks/rollout_vs_hf.py --shape tiny --batches 8 --new-tokens 16   # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+from common import setup, write_result
+from gpt2_shape import GPT2_SMALL, TINY, random_gpt2_folder
+
+from rlhf.data.batching import left_pad
+from rlhf.models.backbone import Backbone
+from rlhf.models.hf import load_folder
+from rlhf.sampling.generate import generate
+from rlhf.sampling.sampler import SamplingConfig
+from rlhf.sampling.streams import RowStreams
+
+TARGET_SPEEDUP = 1.5  # at batch 64
+SHAPES = {"gpt2": GPT2_SMALL, "tiny": TINY}
+PROMPT_TOKENS = (16, 48)
+
+
+def random_prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(*PROMPT_TOKENS, (count,), generator=generator).tolist()
+    return [torch.randint(0, vocab - 1, (n,), generator=generator).tolist() for n in lengths]
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds of `repeats` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def pipeline_sampler(
+    model: Backbone, prompts: list[list[int]], end: int, new_tokens: int, greedy: bool = False
+) -> Callable[[], torch.Tensor]:
+    config = SamplingConfig(max_new_tokens=new_tokens, greedy=greedy)
+    seeds = list(range(len(prompts)))
+    return lambda: (
+        generate(
+            model, prompts, eos_id=end, pad_id=end, config=config, generator=RowStreams(seeds)
+        ).tokens
+    )
+
+
+def hf_sampler(
+    model: transformers.GPT2LMHeadModel,
+    prompts: list[list[int]],
+    end: int,
+    new_tokens: int,
+    greedy: bool = False,
+) -> Callable[[], torch.Tensor]:
+    ids, mask = left_pad(prompts, end)
+    ids, mask = ids.to(model.device), mask.to(model.device).long()
+    options = {"do_sample": False} if greedy else {"do_sample": True, "top_k": 0, "top_p": 1.0}
+    return lambda: model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, pad_token_id=end,
+        eos_token_id=end, min_new_tokens=0 if greedy else new_tokens, temperature=1.0,
+        **options,
+    )[:, ids.shape[1] :]  # fmt: skip
+
+
+def same_model_check(ours: Backbone, theirs, vocab: int, end: int) -> dict[str, float | bool]:
+    """float32: the largest logit difference relative to the logits' scale, and whether
+    greedy decoding of 4 prompts for 16 tokens gives the same tokens."""
+    prompts = random_prompts(4, vocab, seed=1)
+    ids, mask = left_pad(prompts, end)
+    ids, mask = ids.to(theirs.device), mask.to(theirs.device)
+    with torch.no_grad():
+        our_logits = ours(ids, mask)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        their_logits = theirs(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    real = mask[..., None].expand_as(our_logits)
+    difference = (our_logits - their_logits)[real].abs().max() / their_logits[real].abs().max()
+    greedy_ours = pipeline_sampler(ours, prompts, end, 16, greedy=True)()
+    greedy_theirs = hf_sampler(theirs, prompts, end, 16, greedy=True)()
+    return {
+        "max_logit_difference_relative": float(difference),
+        "greedy_tokens_identical": bool(torch.equal(greedy_ours, greedy_theirs)),
+    }
+
+
+def main() -> None:
+    args = setup(
+        __doc__,
+        "rollout_vs_hf",
+        ("--device", {"default": "cpu", "choices": ["cpu", "cuda"]}),
+        ("--shape", {"default": "gpt2", "choices": sorted(SHAPES)}),
+        ("--batches", {"default": "64,256"}),
+        ("--dtypes", {"default": None, "help": "default: bfloat16,float32 on cuda, else float32"}),
+        ("--new-tokens", {"type": int, "default": 128}),
+        ("--repeats", {"type": int, "default": 3}),
+    )
+    device, shape = torch.device(args.device), SHAPES[args.shape]
+    dtypes = args.dtypes or ("bfloat16,float32" if device.type == "cuda" else "float32")
+    end = shape.vocab_size - 1
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = random_gpt2_folder(Path(tmp), shape)
+        ours = load_folder(folder, device).eval()
+        theirs = transformers.GPT2LMHeadModel.from_pretrained(folder).to(device).eval()
+        check = same_model_check(ours, theirs, shape.vocab_size, end)
+        print(
+            f"same model: float32 logits within {check['max_logit_difference_relative']:.1e} "
+            f"relative, greedy tokens identical: {check['greedy_tokens_identical']}"
+        )
+        for dtype_name in dtypes.split(","):
+            dtype = getattr(torch, dtype_name)
+            ours.to(dtype), theirs.to(dtype)
+            for batch in (int(b) for b in args.batches.split(",")):
+                prompts = random_prompts(batch, shape.vocab_size, seed=batch)
+                seconds = {
+                    engine: median_seconds(
+                        sampler(model, prompts, end, args.new_tokens), device, args.repeats
+                    )
+                    for engine, sampler, model in (
+                        ("pipeline", pipeline_sampler, ours),
+                        ("hf_generate", hf_sampler, theirs),
+                    )
+                }
+                tokens = batch * args.new_tokens
+                rows.append(
+                    {
+                        "dtype": dtype_name,
+                        "batch": batch,
+                        "new_tokens": args.new_tokens,
+                        **{f"{k}_tokens_per_s": round(tokens / s) for k, s in seconds.items()},
+                        "speedup": round(seconds["hf_generate"] / seconds["pipeline"], 2),
+                    }
+                )
+    print(f"{'dtype':9} {'batch':>6} {'pipeline tok/s':>15} {'HF tok/s':>10} {'speedup':>8}")
+    for r in rows:
+        print(
+            f"{r['dtype']:9} {r['batch']:>6} {r['pipeline_tokens_per_s']:>15} "
+            f"{r['hf_generate_tokens_per_s']:>10} {r['speedup']:>8.2f}"
+        )
+    at_64 = [r["speedup"] for r in rows if r["batch"] == 64]
+    met = bool(at_64) and min(at_64) >= TARGET_SPEEDUP
+    if at_64:
+        print(f"{'met' if met else 'NOT met'}: {TARGET_SPEEDUP}x HF generate at batch 64")
+    write_result(
+        args.out,
+        {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "shape": args.shape,
+            "same_model": check,
+            "rows": rows,
+            "target_speedup_at_64": TARGET_SPEEDUP,
+            "target_met": met,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

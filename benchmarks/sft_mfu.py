@@ -1,0 +1,177 @@
+"""SFT training throughput and MFU at GPT-2 124M's shape, bf16 on CUDA: the SFT stage's step.
+
+The model is a GPT-2 folder with random weights loaded as the pipeline loads a user's GPT-2
+(`gpt2_shape.py`); the step is the SFT stage's own (`rlhf.train.loop.fit` with
+`rlhf.algorithms.sft.batch_loss`: bf16 autocast, fused AdamW, gradient clipping, one loss read
+per step), over full 1,024-token sequences. MFU is the model FLOPs of nanoGPT's formula
+(`Shape.flops_per_token`) per second over the bf16 matrix-product peak measured on the same GPU
+in the same run (8192^3 products; on a CPU, float32 at 2048^3, for a smoke run only). llm.c
+reaches about 41% on an H100 at this shape by the same formula; the target here is 40%.
+
+Each variant runs `--steps` steps; the first `--warmup` of them (compilation, allocator growth)
+are left out of the median step time.
+  eager     the stage as it runs today
+  compiled  the same with the model compiled (`nn.Module.compile`) before training
+
+    python benchmarks/sft_mfu.py --device cuda [--batch-size 16] [--variants eager,compiled]
+    python benchmarks/sft_mfu.py --shape tiny --steps 4 --warmup 1    # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from common import setup, write_result
+from gpt2_shape import GPT2_SMALL, TINY, Shape, random_gpt2_folder
+
+from rlhf.algorithms import sft
+from rlhf.data.chat import Example
+from rlhf.models.hf import load_folder
+from rlhf.params import SFTParams
+from rlhf.train.loop import fit
+
+TARGET_MFU = 0.40
+SHAPES = {"gpt2": GPT2_SMALL, "tiny": TINY}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(device: torch.device) -> tuple[float, str]:
+    """Measured FLOP/s of one large square matrix product, the median of 10 after 3 warm-ups:
+    bf16 at 8192 on CUDA, float32 at 2048 on a CPU."""
+    size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    times = []
+    for i in range(13):
+        synchronize(device)
+        started = time.perf_counter()
+        a @ b
+        synchronize(device)
+        if i >= 3:
+            times.append(time.perf_counter() - started)
+    return 2 * size**3 / statistics.median(times), f"{dtype} {size}^3".replace("torch.", "")
+
+
+def random_examples(shape: Shape, count: int, seed: int) -> list[Example]:
+    """`count` sequences that fill the context: the model forwards `n_positions` tokens of
+    each, and the loss covers all but the first."""
+    generator = torch.Generator().manual_seed(seed)
+    size = (count, shape.n_positions + 1)
+    ids = torch.randint(0, shape.vocab_size - 1, size, generator=generator)
+    return [Example(ids=row, response_start=1) for row in ids.tolist()]
+
+
+def step_seconds(
+    folder: Path, shape: Shape, device: torch.device, batch: int, steps: int, compiled: bool
+) -> tuple[list[float], int]:
+    """Seconds of each SFT step, and the tokens of one step."""
+    model = load_folder(folder, device)
+    if compiled:
+        model.compile()
+    examples = random_examples(shape, batch * steps, seed=0)
+    pad = shape.vocab_size - 1
+    ends: list[float] = []
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        synchronize(device)
+        ends.append(time.perf_counter())
+
+    synchronize(device)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        fit(
+            model,
+            SFTParams(epochs=1, batch_size=batch, lr=6e-4, warmup_steps=0, save_every=10**9),
+            seed=0,
+            n_examples=len(examples),
+            batch_loss=lambda rows: sft.batch_loss(model, [examples[i] for i in rows], pad),
+            units=lambda rows: sum(examples[i].target_count for i in rows),
+            evaluate=dict,
+            device=device,
+            resume_file=Path(tmp) / "resume.pt",
+            fingerprint="benchmark",
+            on_step=on_step,
+            log=lambda line: None,
+        )
+    seconds = [b - a for a, b in zip([started, *ends], ends, strict=False)]
+    return seconds, batch * shape.n_positions
+
+
+def main() -> None:
+    args = setup(
+        __doc__,
+        "sft_mfu",
+        ("--device", {"default": "cpu", "choices": ["cpu", "cuda"]}),
+        ("--shape", {"default": "gpt2", "choices": sorted(SHAPES)}),
+        ("--batch-size", {"type": int, "default": 16}),
+        ("--steps", {"type": int, "default": 30}),
+        ("--warmup", {"type": int, "default": 10}),
+        ("--variants", {"default": "eager,compiled"}),
+    )
+    device, shape = torch.device(args.device), SHAPES[args.shape]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    peak, peak_kind = matmul_peak(device)
+    print(f"measured matrix-product peak ({peak_kind}): {peak / 1e12:.1f} TFLOP/s")
+    flops_per_token = shape.flops_per_token(shape.n_positions)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = random_gpt2_folder(Path(tmp), shape)
+        for variant in args.variants.split(","):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            seconds, tokens = step_seconds(
+                folder, shape, device, args.batch_size, args.steps, variant == "compiled"
+            )
+            step_s = statistics.median(seconds[args.warmup :])
+            tokens_per_s = tokens / step_s
+            rows.append(
+                {
+                    "variant": variant,
+                    "batch_size": args.batch_size,
+                    "tokens_per_step": tokens,
+                    "step_s": round(step_s, 4),
+                    "first_step_s": round(seconds[0], 2),
+                    "tokens_per_s": round(tokens_per_s),
+                    "model_tflops": round(tokens_per_s * flops_per_token / 1e12, 1),
+                    "mfu": round(tokens_per_s * flops_per_token / peak, 4),
+                    "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
+                    if device.type == "cuda"
+                    else None,
+                }
+            )
+    print(f"{'variant':10} {'batch':>6} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+    for r in rows:
+        print(
+            f"{r['variant']:10} {r['batch_size']:>6} {r['step_s']:>8.4f} {r['tokens_per_s']:>10} "
+            f"{r['model_tflops']:>8} {r['mfu']:>6.1%}"
+        )
+    best = max(r["mfu"] for r in rows)
+    met = best >= TARGET_MFU
+    print(f"{'met' if met else 'NOT met'}: best MFU {best:.1%} against the {TARGET_MFU:.0%} target")
+    write_result(
+        args.out,
+        {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "shape": asdict(shape) | {"non_embedding_params": shape.non_embedding_params()},
+            "flops_per_token": flops_per_token,
+            "peak_flops": peak,
+            "peak_kind": peak_kind,
+            "rows": rows,
+            "target_mfu": TARGET_MFU,
+            "target_met": met,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
