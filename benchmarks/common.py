@@ -32,6 +32,19 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
+DEVICE_OPTION = ("--device", {"default": "cpu", "choices": ["cpu", "cuda"]})
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a host clock read after it times that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 PHASES = ("rollout", "scoring", "update")
 
 

@@ -2,9 +2,9 @@
 # The wheels a GPU host without a package index needs for the test suite and the GPU profile:
 # DVC and dvclive (the tests and the profile drive real DVC), pexpect (the labeling terminal's
 # tests) and everything they need, for CPython 3.12 on x86-64 Linux, into .whl/ (git-ignored;
-# about 30 MB). Run it where PyPI is reachable; `benchmarks/gpu.sh setup` installs them on the
-# host into a virtualenv over the system's packages, so the host's own torch stays. Prefect is
-# not among them: its flow tests are skipped there.
+# about 30 MB). Run it where PyPI is reachable; `benchmarks/gpu.sh setup` installs what the
+# host lacks of them into python3's own environment, beside the host's torch. Prefect is not
+# among them: its flow tests are skipped there.
 #   bash benchmarks/device_wheels.sh [folder]
 set -euo pipefail
 out=${1:-.whl}

@@ -46,6 +46,9 @@ class Shape:
 
 GPT2_SMALL = Shape()
 TINY = Shape(n_layer=2, n_head=2, n_embd=64, vocab_size=1024, n_positions=256)
+SHAPES = {"gpt2": GPT2_SMALL, "tiny": TINY}
+# each GPU benchmark's --shape: tiny for a quick run on a CPU
+SHAPE_OPTION = ("--shape", {"default": "gpt2", "choices": sorted(SHAPES)})
 
 
 def synthetic_bpe(vocab_size: int) -> Tokenizer:

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Everything a GPU host checks, in steps that each end well inside ten minutes, logs and JSON
-# into $OUT (default gpu-results/). The host needs python3 with torch (2.11 or newer), pytest,
-# transformers and the project's other runtime packages but no package index: first, where PyPI
-# is reachable, `bash benchmarks/device_wheels.sh` fills .whl/ with DVC, dvclive and pexpect.
-#   bash benchmarks/gpu.sh setup tests   # the suite on the host's CPU, then its CUDA tests and
-#                                        # the stage tests with every stage on CUDA
-#   bash benchmarks/gpu.sh setup bench   # SFT MFU, rollout vs HF generate, one PPO iteration
-#   bash benchmarks/gpu.sh setup profile # the GPU profile end to end (examples/gpu.params.yaml,
-#                                        # or $PROFILE_PARAMS); run it again to resume where a
-#                                        # cut-off run stopped
+# Everything a GPU host checks, in steps that each stop themselves inside ten minutes, logs and
+# JSON into $OUT (default gpu-results/; at most four files a step). The host needs python3 with
+# torch (2.11 or newer), pytest, transformers and the project's other runtime packages, but no
+# package index: first, where PyPI is reachable, `bash benchmarks/device_wheels.sh` fills .whl/
+# with DVC, dvclive and pexpect.
+#   bash benchmarks/gpu.sh setup cuda     # the CUDA tests, and the stage tests with every stage
+#                                         # of the tiny pipeline on CUDA
+#   bash benchmarks/gpu.sh setup suite    # the whole suite on the host's CPUs
+#   bash benchmarks/gpu.sh setup bench    # SFT MFU, rollout vs HF generate, one PPO iteration
+#   bash benchmarks/gpu.sh setup profile  # the GPU profile end to end (examples/gpu.params.yaml,
+#                                         # or $PROFILE_PARAMS); again, it resumes a cut-off run
 # `setup` installs the wheels and the project (editable) into python3's own environment, beside
-# its torch; Prefect is not among them, so the flow tests are skipped there.
+# its torch. Prefect is not among them, so its flow tests are skipped there.
 set -uo pipefail
 out=$(realpath -m "${OUT:-gpu-results}")
 profile=/tmp/rlhf-gpu-profile
 profile_params=$(realpath "${PROFILE_PARAMS:-examples/gpu.params.yaml}")
+limit=${STEP_SECONDS:-540}  # each step stops itself here, inside a ten-minute call
 repo=$(pwd)
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -25,7 +27,7 @@ status=0
 setup() {
     python3 -m pip install -q --no-index --find-links .whl dvc dvclive pexpect || return 1
     python3 -m pip install -q --no-index --find-links .whl --no-deps -e . || return 1
-    python3 - <<'EOF'
+    python3 - <<'EOF' || return 1
 import torch, transformers
 print("torch", torch.__version__, "transformers", transformers.__version__)
 if torch.cuda.is_available():
@@ -33,65 +35,86 @@ if torch.cuda.is_available():
 else:
     print("torch sees no CUDA device")
 EOF
-    git --version
-    dvc --version | xargs echo dvc
+    dvc --version | xargs echo dvc || return 1
+    # the tests' projects are git + DVC repositories, as a user's are
+    git --version || echo "no git here: the suite's DVC projects need it; only bench and profile can run"
 }
 
-tests() {
-    local workers=$(( $(nproc) / 2 )) failed=0
-    # test_docker builds the production image's environment from the package index, with
-    # the development machine's tools (hadolint): a host without an index cannot
-    OMP_NUM_THREADS=1 python3 -m pytest -q -n "$workers" --dist loadfile -p no:cacheprovider \
-        --ignore tests/test_docker.py 2>&1 | tee "$out/suite_cpu.log" | tail -25 || failed=1
-    RLHF_TEST_DEVICE=cuda python3 -m pytest -q -n 4 --dist loadfile -p no:cacheprovider \
-        tests/test_cuda.py tests/test_dpo.py tests/test_sft.py tests/test_rm_stage.py \
-        tests/test_rl_stage.py tests/test_evaluate_stage.py tests/test_checkpoint.py \
-        2>&1 | tee "$out/suite_cuda.log" | tail -25 || failed=1
-    return $failed
+pytest_for() {  # pytest_for LOG SECONDS ARGS...: the suite's way, its summary on stdout
+    local log=$1 seconds=$2
+    shift 2
+    OMP_NUM_THREADS=1 timeout "$seconds" python3 -m pytest -q --dist loadfile -p no:cacheprovider \
+        "$@" 2>&1 | tee "$log" | tail -30
+}
+
+cuda() {
+    local deadline=$((SECONDS + limit))
+    pytest_for "$out/cuda_tests.log" $((limit / 3)) -n 4 tests/test_cuda.py tests/test_dpo.py \
+        tests/test_checkpoint.py || return 1
+    RLHF_TEST_DEVICE=cuda pytest_for "$out/stages_on_cuda.log" $((deadline - SECONDS)) -n 4 \
+        tests/test_sft.py tests/test_rm_stage.py tests/test_rl_stage.py tests/test_evaluate_stage.py
+}
+
+suite() {
+    # test_docker builds the production image's environment from the package index, with the
+    # development machine's tools (hadolint): a host without an index cannot
+    pytest_for "$out/suite_cpu.log" "$limit" -n $(( $(nproc) / 2 )) \
+        --ignore tests/test_docker.py --ignore tests/test_cuda.py
 }
 
 bench() {
-    cd benchmarks || return 1
-    python3 sft_mfu.py --device cuda --out "$out/sft_mfu.json" \
-        && python3 rollout_vs_hf.py --device cuda --out "$out/rollout_vs_hf.json" \
-        && python3 ppo_iteration.py --device cuda --out "$out/ppo_iteration.json"
-    cd "$repo" || return 1
+    (
+        cd benchmarks || exit 1
+        timeout "$limit" bash -c "python3 sft_mfu.py --device cuda --out '$out/sft_mfu.json' \
+            && python3 rollout_vs_hf.py --device cuda --out '$out/rollout_vs_hf.json' \
+            && python3 ppo_iteration.py --device cuda --out '$out/ppo_iteration.json'"
+    ) 2>&1 | tee "$out/bench.log" | grep -v "^Loading\|^Writing"
 }
 
-profile() {
-    if [ ! -d "$profile" ]; then  # a project of its own: the code, the profile's params
-        mkdir -p "$profile"
-        if git rev-parse --git-dir > /dev/null 2>&1; then  # a checkout: what git does not ignore
-            git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$profile"
-        else  # a copy of the working tree without git, as a GPU host gets it: no outputs in it
-            tar -c --exclude=./.whl --exclude=./gpu-results . | tar -x -C "$profile"
-        fi
-        cp "$profile_params" "$profile/params.yaml"
-        cd "$profile" || return 1
-        python3 -m rlhf.stages.dvcfile > /dev/null || return 1  # its RL stages
+new_profile() {  # a project of its own: the code and the profile's params, moved into place whole
+    local staging="$profile.new"
+    rm -rf "$staging" && mkdir -p "$staging" || return 1
+    if git rev-parse --git-dir > /dev/null 2>&1; then  # a checkout: what git does not ignore
+        git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$staging" || return 1
+    else  # a copy of the working tree without git, as a GPU host gets it: no outputs in it
+        tar -c --exclude=./.whl --exclude=./gpu-results . | tar -x -C "$staging" || return 1
+    fi
+    cp "$profile_params" "$staging/params.yaml" || return 1
+    (
+        cd "$staging" || exit 1
+        python3 -m rlhf.stages.dvcfile > /dev/null || exit 1  # its RL stages
         if command -v git > /dev/null; then
-            git init -q && git add -A && git -c user.name=gpu -c user.email=gpu@localhost \
-                commit -qm "the GPU profile"
+            git init -q && git add -A \
+                && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "the GPU profile"
         else
             dvc config --local core.no_scm true
         fi
-    fi
-    cd "$profile" || return 1
-    echo -e "stage\tseconds" > "$out/stage_seconds.tsv"
-    for stage in $(dvc stage list | awk '{print $1}'); do
-        local started=$SECONDS
-        dvc repro "$stage" 2>&1 | tee -a "$out/profile.log" | grep -v "^Running\|^$" | tail -3
-        [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
-        echo -e "$stage\t$((SECONDS - started))" | tee -a "$out/stage_seconds.tsv"
-    done
-    cp reports/eval.md "$out/eval.md"
-    tar czf "$out/metrics.tar.gz" metrics timings
-    rlhf report
-    cd "$repo" || return 1
+    ) || return 1
+    mv "$staging" "$profile"
+}
+
+profile() {
+    [ -d "$profile" ] || new_profile || return 1
+    (
+        cd "$profile" || exit 1
+        local deadline=$((SECONDS + limit))
+        echo -e "stage\tseconds" > "$out/stage_seconds.tsv"
+        for stage in $(dvc stage list | awk '{print $1}'); do
+            local started=$SECONDS left=$((deadline - SECONDS))
+            [ "$left" -gt 0 ] || { echo "out of time before $stage: run the step again"; exit 1; }
+            # interrupted like Ctrl-C at the deadline, a stage keeps its last save to resume from
+            timeout --signal=INT --kill-after=30 "$left" dvc repro "$stage" \
+                2>&1 | tee -a "$out/profile.log" | grep -v "^Running\|^$" | tail -3
+            [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "stopped in $stage: run the step again"; exit 1; }
+            echo -e "$stage\t$((SECONDS - started))" | tee -a "$out/stage_seconds.tsv"
+        done
+        cp reports/eval.md "$out/eval.md"
+        tar czf "$out/metrics.tar.gz" metrics timings
+    )
 }
 
 for step in "$@"; do
     echo "== $step"
-    "$step" || status=1
+    "$step" || { status=1; echo "== $step failed"; }
 done
 exit $status

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import iteration_summary, setup, write_result
-from gpt2_shape import GPT2_SMALL, TINY, random_gpt2_folder
+from common import DEVICE_OPTION, device_name, iteration_summary, setup, write_result
+from gpt2_shape import SHAPE_OPTION, SHAPES, random_gpt2_folder
 
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import RLTrainer
@@ -30,7 +30,6 @@ from rlhf.models.backbone import freeze
 from rlhf.models.hf import load_folder
 from rlhf.params import PPOParams, RLParams
 
-SHAPES = {"gpt2": GPT2_SMALL, "tiny": TINY}
 PROMPTS, MINIBATCH, EPOCHS = 64, 16, 4
 
 
@@ -63,8 +62,8 @@ def main() -> None:
     args = setup(
         __doc__,
         "ppo_iteration",
-        ("--device", {"default": "cpu", "choices": ["cpu", "cuda"]}),
-        ("--shape", {"default": "gpt2", "choices": sorted(SHAPES)}),
+        DEVICE_OPTION,
+        SHAPE_OPTION,
         ("--new-tokens", {"type": int, "default": 128}),
         ("--iterations", {"type": int, "default": 3}),
     )
@@ -83,7 +82,7 @@ def main() -> None:
     write_result(
         args.out,
         {
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": device_name(device),
             "torch": torch.__version__,
             "shape": args.shape,
             "prompts": PROMPTS,

@@ -5,7 +5,8 @@ by the pipeline as it loads a user's GPT-2 (`load_folder`) and by `transformers`
 (`GPT2LMHeadModel.from_pretrained`). Both sample 128 new tokens after the same left-padded
 prompts (16 to 48 random tokens) at temperature 1 from the whole distribution (HF: `top_k=0`,
 `top_p=1`), at batch 64 and 256, with the KV cache, on the weights cast to each `--dtypes`
-(bfloat16 is how the pipeline holds sampling-only models on CUDA, `memory.frozen_bf16`).
+(bfloat16 is how the pipeline holds sampling-only models on CUDA, `memory.frozen_bf16`;
+the RL stages' policy samples in float32, its training weights).
 Random weights almost never emit the end token, and HF is held to exactly 128 tokens
 (`min_new_tokens`), so both do batch x 128 decoding steps' work. The pipeline draws from a
 seeded stream per row (`RowStreams`), as its RL rollouts do.
@@ -27,8 +28,8 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import setup, write_result
-from gpt2_shape import GPT2_SMALL, TINY, random_gpt2_folder
+from common import DEVICE_OPTION, device_name, setup, synchronize, write_result
+from gpt2_shape import SHAPE_OPTION, SHAPES, random_gpt2_folder
 
 from rlhf.data.batching import left_pad
 from rlhf.models.backbone import Backbone
@@ -38,7 +39,6 @@ from rlhf.sampling.sampler import SamplingConfig
 from rlhf.sampling.streams import RowStreams
 
 TARGET_SPEEDUP = 1.5  # at batch 64
-SHAPES = {"gpt2": GPT2_SMALL, "tiny": TINY}
 PROMPT_TOKENS = (16, 48)
 
 
@@ -53,12 +53,10 @@ def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int)
     fn()
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -116,8 +114,8 @@ def main() -> None:
     args = setup(
         __doc__,
         "rollout_vs_hf",
-        ("--device", {"default": "cpu", "choices": ["cpu", "cuda"]}),
-        ("--shape", {"default": "gpt2", "choices": sorted(SHAPES)}),
+        DEVICE_OPTION,
+        SHAPE_OPTION,
         ("--batches", {"default": "64,256"}),
         ("--dtypes", {"default": None, "help": "default: bfloat16,float32 on cuda, else float32"}),
         ("--new-tokens", {"type": int, "default": 128}),
@@ -166,14 +164,17 @@ def main() -> None:
             f"{r['dtype']:9} {r['batch']:>6} {r['pipeline_tokens_per_s']:>15} "
             f"{r['hf_generate_tokens_per_s']:>10} {r['speedup']:>8.2f}"
         )
+    same = check["greedy_tokens_identical"] and check["max_logit_difference_relative"] < 1e-4
     at_64 = [r["speedup"] for r in rows if r["batch"] == 64]
-    met = bool(at_64) and min(at_64) >= TARGET_SPEEDUP
-    if at_64:
+    met = same and bool(at_64) and min(at_64) >= TARGET_SPEEDUP
+    if not same:
+        print("NOT the same model: the comparison is void")
+    elif at_64:
         print(f"{'met' if met else 'NOT met'}: {TARGET_SPEEDUP}x HF generate at batch 64")
     write_result(
         args.out,
         {
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": device_name(device),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "shape": args.shape,
@@ -183,6 +184,8 @@ def main() -> None:
             "target_met": met,
         },
     )
+    if not same:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

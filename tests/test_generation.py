@@ -27,15 +27,22 @@ def model():
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
 
 
-def run(model, config, seed=0):
+def run(model, config, seed=0, pad=PAD):
     return generate(
         model,
         PROMPTS,
         eos_id=EOS,
-        pad_id=PAD,
+        pad_id=pad,
         config=config,
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+def favour_the_end_token(model) -> None:
+    """A constant feature that favours the end token: rows stop early, at different steps."""
+    with torch.no_grad():
+        model.ln_f.bias[0] = 1.0
+        model.lm_head.weight[EOS, 0] = 3.0
 
 
 def test_sampling_logprobs_match_a_full_forward_pass(model):
@@ -52,9 +59,7 @@ def test_sampling_logprobs_match_a_full_forward_pass(model):
 
 
 def test_rows_stop_at_the_end_token_and_pad_after(model):
-    with torch.no_grad():  # a constant feature that favours the end token: rows stop early
-        model.ln_f.bias[0] = 1.0
-        model.lm_head.weight[EOS, 0] = 3.0
+    favour_the_end_token(model)
     out = run(model, SamplingConfig(max_new_tokens=30))
     lengths = out.mask.sum(-1)
     for row, length in zip(out.tokens.tolist(), lengths.tolist(), strict=True):
@@ -71,6 +76,17 @@ def test_pad_is_never_sampled_even_when_likely(model):
         model.lm_head.weight[PAD] += 5.0
     out = run(model, SamplingConfig(max_new_tokens=10))
     assert not (out.tokens[out.mask] == PAD).any()
+
+
+def test_rows_end_where_padding_is_the_end_token(model):
+    """GPT-2's tokenizer has no pad token and pads with its end token, which must stay
+    sampleable there: otherwise no answer could ever end."""
+    favour_the_end_token(model)
+    out = run(model, SamplingConfig(max_new_tokens=30), pad=EOS)
+    lengths = out.mask.sum(-1)
+    assert out.ended.all() and (lengths < 30).all()
+    for row, length in zip(out.tokens.tolist(), lengths.tolist(), strict=True):
+        assert EOS not in row[: length - 1] and set(row[length - 1 :]) == {EOS}
 
 
 def test_greedy_is_deterministic_and_seeds_control_sampling(model):

@@ -1,8 +1,9 @@
 """Batched sampling with a KV cache over left-padded prompts.
 
 Left padding puts every prompt's last token in the same column, so one forward per step serves
-the whole batch and each row's cache grows by one token. Finished rows keep emitting the pad id,
-which is distinct from the end token: a model trained with pad == end learns never to stop.
+the whole batch and each row's cache grows by one token. Finished rows keep emitting the pad id.
+The pipeline's own tokenizers pad with a token of their own (a model trained with pad == end
+learns never to stop); a pretrained one without a pad token (GPT-2's) pads with its end token.
 """
 
 from __future__ import annotations
@@ -59,14 +60,14 @@ def generate(
     mask = torch.zeros((batch, config.max_new_tokens), dtype=torch.bool, device=device)
     logprobs = torch.zeros((batch, config.max_new_tokens), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    pad_index = torch.tensor([pad_id], device=device)
+    # padding is no answer token, so it is never sampled; unless it is the end token itself
+    unsampled = torch.tensor([pad_id] if pad_id != eos_id else [], dtype=torch.long, device=device)
     logits = model(prompt, prompt_mask, cache)[:, -1]
     for step in range(config.max_new_tokens):
-        # log-probs under the policy itself (what a full forward pass recomputes); sampling
-        # never picks padding, which is no answer token
+        # log-probs under the policy itself (what a full forward pass recomputes)
         logp = (logits.float() / config.temperature).log_softmax(dim=-1)  # [B, V]
         next_token = choose_from_probs(
-            logp.exp().index_fill_(-1, pad_index, 0.0), config, generator
+            logp.exp().index_fill_(-1, unsampled, 0.0), config, generator
         )
         token_logprob = logp.gather(-1, next_token[:, None]).squeeze(-1)
         active = ~finished
