@@ -48,11 +48,13 @@ pytest_for() {  # pytest_for LOG SECONDS ARGS...: the suite's way, its summary o
 }
 
 cuda() {
-    local deadline=$((SECONDS + limit))
+    local deadline=$((SECONDS + limit)) failed=0
     pytest_for "$out/cuda_tests.log" $((limit / 3)) -n 4 tests/test_cuda.py tests/test_dpo.py \
-        tests/test_checkpoint.py || return 1
+        tests/test_checkpoint.py || failed=1
     RLHF_TEST_DEVICE=cuda pytest_for "$out/stages_on_cuda.log" $((deadline - SECONDS)) -n 4 \
-        tests/test_sft.py tests/test_rm_stage.py tests/test_rl_stage.py tests/test_evaluate_stage.py
+        tests/test_sft.py tests/test_rm_stage.py tests/test_rl_stage.py tests/test_evaluate_stage.py \
+        || failed=1
+    return $failed
 }
 
 suite() {
