@@ -43,8 +43,8 @@ EOF
 pytest_for() {  # pytest_for LOG SECONDS ARGS...: the suite's way, its summary on stdout
     local log=$1 seconds=$2
     shift 2
-    OMP_NUM_THREADS=1 timeout "$seconds" python3 -m pytest -q --dist loadfile -p no:cacheprovider \
-        "$@" 2>&1 | tee "$log" | tail -30
+    OMP_NUM_THREADS=1 timeout "$seconds" python3 -m pytest -q --dist loadfile \
+        --no-loadscope-reorder -p no:cacheprovider "$@" 2>&1 | tee "$log" | tail -30
 }
 
 cuda() {

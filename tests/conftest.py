@@ -208,6 +208,16 @@ def shared_project(trained: Path, directory: Path) -> Path:
     return directory
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that need the trained project run after those that do not, but for the first
+    of them: under pytest-xdist (`--dist loadfile --no-loadscope-reorder`, which hands files
+    out in this order) one worker builds the project (about 45 s) while the others run the
+    independent files, where they would otherwise wait on its lock."""
+    needing = [item.path for item in items if "trained_project" in item.fixturenames]
+    later = set(needing[1:]) - {needing[0]} if needing else set()
+    items.sort(key=lambda item: item.path in later)  # stable: each group keeps its order
+
+
 @pytest.fixture(scope="session")
 def trained_project(tmp_path_factory) -> Path:
     """Every stage on the tiny config, run once for the whole test run by `dvc repro` in a git

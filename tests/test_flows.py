@@ -334,7 +334,7 @@ def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, 
     nightly = "rlhf-pipeline/rlhf-pipeline"
     first = run_deployment(nightly, parameters={"overrides": ["ppo.kl_coef=0.3"]}, timeout=0)
     time.sleep(1)
-    second = run_deployment(nightly, parameters={"target": "sft"}, timeout=0)
+    second = run_deployment(nightly, parameters={"target": "prepare"}, timeout=0)
     first, second = wait_for([first.id, second.id], timeout_s=600)
     assert first.state.is_completed(), first.state.message
     assert second.state.is_completed(), second.state.message
