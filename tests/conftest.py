@@ -208,14 +208,29 @@ def shared_project(trained: Path, directory: Path) -> Path:
     return directory
 
 
+# the files of a minute or more (on two cores), handed out first among those that start from
+# the trained project, so that no worker starts one while the others run out of work
+LONGEST = (
+    "test_distributed.py", "test_distributed_rl.py", "test_dvc.py", "test_flows.py",
+    "test_reliability.py", "test_sharded.py",
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that need the trained project run after those that do not, but for the first
-    of them: under pytest-xdist (`--dist loadfile --no-loadscope-reorder`, which hands files
-    out in this order) one worker builds the project (about 45 s) while the others run the
-    independent files, where they would otherwise wait on its lock."""
+    of them, and the longest of them first: under pytest-xdist (`--dist loadfile
+    --no-loadscope-reorder`, which hands files out in this order) one worker builds the
+    project (about 45 s) while the others run the independent files, where they would
+    otherwise wait on its lock, and the run ends on short files."""
     needing = [item.path for item in items if "trained_project" in item.fixturenames]
     later = set(needing[1:]) - {needing[0]} if needing else set()
-    items.sort(key=lambda item: item.path in later)  # stable: each group keeps its order
+
+    def turn(item: pytest.Item) -> int:
+        if item.path not in later:
+            return 0
+        return 1 if item.path.name in LONGEST else 2
+
+    items.sort(key=turn)  # stable: each group keeps its order
 
 
 @pytest.fixture(scope="session")
