@@ -30,6 +30,11 @@ class Shape:
     vocab_size: int = 50257
     n_positions: int = 1024
 
+    @property
+    def end_id(self) -> int:
+        """`<|endoftext|>`, the last id as in GPT-2; also the padding, as GPT-2 has none."""
+        return self.vocab_size - 1
+
     def non_embedding_params(self) -> int:
         """nanoGPT's N: every parameter but the position embeddings (the token embedding is
         the tied LM head, so it counts once): 123,653,376 at GPT-2 124M's shape."""
@@ -73,7 +78,7 @@ def random_gpt2_folder(folder: Path, shape: Shape = GPT2_SMALL, seed: int = 0) -
     """Write a GPT-2 folder of `shape` with random weights (GPT-2's initialization) and its
     tokenizer into `folder`; returns `folder`."""
     torch.manual_seed(seed)
-    end = shape.vocab_size - 1
+    end = shape.end_id
     config = transformers.GPT2Config(
         vocab_size=shape.vocab_size, n_positions=shape.n_positions, n_embd=shape.n_embd,
         n_layer=shape.n_layer, n_head=shape.n_head, bos_token_id=end, eos_token_id=end,

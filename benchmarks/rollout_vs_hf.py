@@ -123,7 +123,7 @@ def main() -> None:
     )
     device, shape = torch.device(args.device), SHAPES[args.shape]
     dtypes = args.dtypes or ("bfloat16,float32" if device.type == "cuda" else "float32")
-    end = shape.vocab_size - 1
+    end = shape.end_id
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = random_gpt2_folder(Path(tmp), shape)
@@ -136,7 +136,8 @@ def main() -> None:
         )
         for dtype_name in dtypes.split(","):
             dtype = getattr(torch, dtype_name)
-            ours.to(dtype), theirs.to(dtype)
+            ours.to(dtype)
+            theirs.to(dtype)
             for batch in (int(b) for b in args.batches.split(",")):
                 prompts = random_prompts(batch, shape.vocab_size, seed=batch)
                 seconds = {

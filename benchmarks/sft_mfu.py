@@ -69,7 +69,7 @@ def random_examples(shape: Shape, count: int, seed: int) -> list[Example]:
     each, and the loss covers all but the first."""
     generator = torch.Generator().manual_seed(seed)
     size = (count, shape.n_positions + 1)
-    ids = torch.randint(0, shape.vocab_size - 1, size, generator=generator)
+    ids = torch.randint(0, shape.end_id, size, generator=generator)  # no end token inside
     return [Example(ids=row, response_start=1) for row in ids.tolist()]
 
 
@@ -81,7 +81,7 @@ def step_seconds(
     if compiled:
         model.compile()
     examples = random_examples(shape, batch * steps, seed=0)
-    pad = shape.vocab_size - 1
+    pad = shape.end_id
     ends: list[float] = []
 
     def on_step(step: int, total: int, loss: float) -> None:
@@ -105,7 +105,7 @@ def step_seconds(
             on_step=on_step,
             log=lambda line: None,
         )
-    seconds = [b - a for a, b in zip([started, *ends], ends, strict=False)]
+    seconds = [b - a for a, b in zip([started, *ends[:-1]], ends, strict=True)]
     return seconds, batch * shape.n_positions
 
 
