@@ -9,7 +9,8 @@ from rlhf.sampling.generate import generate
 from rlhf.sampling.sampler import (
     SamplingConfig,
     choose_from_probs,
-    in_nucleus,
+    draws_per_step,
+    mass_ahead,
     nucleus,
     sample_from,
 )
@@ -140,14 +141,15 @@ def kept_by_sort(probs, top_p):
 
 def kept(probs, top_p):
     tokens = torch.arange(probs.shape[-1])
-    rows = probs.expand(len(tokens), -1)
-    inside = in_nucleus(rows, tokens, top_p * rows.sum(-1))
-    return sorted(tokens[inside].tolist())
+    inside = mass_ahead(probs, tokens[None]) < top_p * probs.sum(-1, keepdim=True)
+    return sorted(tokens[inside[0]].tolist())
 
 
-def drawn(probs, config, draws=20_000):
+def drawn(probs, config, draws=20_000, static=False):
     """Share of `draws` samples on each token."""
-    chosen = choose_from_probs(probs.repeat(draws, 1), config, torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    u = torch.rand(draws, draws_per_step(config, probs.shape[-1]), generator=generator)
+    chosen = choose_from_probs(probs.repeat(draws, 1), config, u, static=static)
     return torch.bincount(chosen, minlength=probs.shape[-1]).float() / draws
 
 
@@ -171,30 +173,35 @@ def test_nucleus_without_sorting_matches_a_full_sort_on_flat_and_peaked_distribu
             assert kept(row[None], 0.9) == kept_by_sort(row, 0.9)
 
 
-@pytest.mark.parametrize("max_draws", [16, 0])  # 0: every row takes the full-sort fallback
-def test_nucleus_draws_follow_the_renormalized_nucleus(monkeypatch, max_draws):
-    monkeypatch.setattr(sampler, "MAX_NUCLEUS_DRAWS", max_draws)
+@pytest.mark.parametrize("max_draws", [8, 1])  # 1: most rows take the full-sort fallback
+@pytest.mark.parametrize("static", [False, True])
+def test_nucleus_draws_follow_the_renormalized_nucleus(monkeypatch, max_draws, static):
+    monkeypatch.setattr(sampler, "NUCLEUS_DRAWS", max_draws)
     probs = torch.tensor([[0.1, 0.4, 0.05, 0.3, 0.15]])
     expected = torch.tensor([0.0, 0.4, 0.0, 0.3, 0.15]) / 0.85  # 0.4 + 0.3 < 0.8 <= 0.85
-    torch.testing.assert_close(drawn(probs, SamplingConfig(top_p=0.8)), expected, atol=0.01, rtol=0)
+    draws = drawn(probs, SamplingConfig(top_p=0.8), static=static)
+    torch.testing.assert_close(draws, expected, atol=0.01, rtol=0)
 
 
-@pytest.mark.parametrize("max_draws", [16, 0])  # 0: every row takes the full-sort fallback
-def test_tied_tokens_at_the_nucleus_edge_are_in_or_out_together(monkeypatch, max_draws):
+@pytest.mark.parametrize("max_draws", [8, 1])  # 1: most rows take the full-sort fallback
+@pytest.mark.parametrize("static", [False, True])
+def test_tied_tokens_at_the_nucleus_edge_are_in_or_out_together(monkeypatch, max_draws, static):
     """One rule on both paths: the tokens strictly more likely than a token hold less than
     top_p, so two tokens tied at the edge both stay, whatever order a sort puts them in."""
-    monkeypatch.setattr(sampler, "MAX_NUCLEUS_DRAWS", max_draws)
+    monkeypatch.setattr(sampler, "NUCLEUS_DRAWS", max_draws)
     probs = torch.tensor([[0.3, 0.4, 0.3]])
     assert kept(probs, 0.5) == kept_by_sort(probs[0], 0.5) == [0, 1, 2]
     assert kept(probs, 0.4) == kept_by_sort(probs[0], 0.4) == [1]
-    torch.testing.assert_close(drawn(probs, SamplingConfig(top_p=0.5)), probs[0], atol=0.01, rtol=0)
+    draws = drawn(probs, SamplingConfig(top_p=0.5), static=static)
+    torch.testing.assert_close(draws, probs[0], atol=0.01, rtol=0)
     ties = torch.tensor([[0.25, 0.25, 0.25, 0.25]])
     assert kept_by_sort(ties[0], 0.1) == kept(ties, 0.1) == [0, 1, 2, 3]
 
 
 def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_mass():
     probs = torch.tensor([[0.0, 0.2, 0.0, 0.6, 0.2]]).repeat(20_000, 1)
-    draws = sample_from(probs * 3.0, torch.Generator().manual_seed(0))  # unnormalized is fine
+    u = torch.rand(len(probs), 1, generator=torch.Generator().manual_seed(0))
+    draws = sample_from(probs * 3.0, u)  # unnormalized is fine
     counts = torch.bincount(draws, minlength=5).float() / len(draws)
     assert counts[0] == counts[2] == 0
     torch.testing.assert_close(counts, probs[0], atol=0.01, rtol=0)

@@ -26,10 +26,11 @@ from rlhf.train.curves import read_curve
 
 from conftest import curves, kill_at_first_save, make_project, run_module, write_params
 
-RL_KEYS = {"score", "kl", "steps", "gold_sampled", "win_rate_vs_sft"}
+MISMATCH = {"logprob_mismatch", "logprob_mismatch_max"}
+RL_KEYS = {"score", "kl", "steps", "gold_sampled", "win_rate_vs_sft"} | MISMATCH
 STEP_COLUMNS = {
     "score", "non_score_reward", "kl", "beta", "approx_kl", "clip_fraction", "entropy",
-    "response_length", "end_token_rate",
+    "response_length", "end_token_rate", *MISMATCH,
 }  # fmt: skip
 CRITIC_COLUMNS = {"value_loss", "value_clip_fraction", "explained_variance"}
 TIMING = {"rollout_tokens_per_s", "update_tokens_per_s", "rollout_s", "scoring_s", "update_s"}
@@ -52,6 +53,13 @@ def test_each_algorithm_writes_its_own_outputs(trained_project, algorithm):
     metrics = rl_metrics(trained_project, algorithm)
     assert set(metrics) >= RL_KEYS | {"kl_to_sft", "gold_sampled_sft"}
     assert metrics["steps"] == 4 and set(metrics["win_rate_vs_sft"]) == {"gold", "rm"}
+    # the sampler's log-probs are the scoring pass's (the ratios' denominators) up to float32
+    # rounding, every step: the mean within 1e-6 (measured 2e-7 to 3e-7), the largest within
+    # two steps of float32 at log-probs down to -16, 2 * 2**-20 (measured 1 to 1.25 steps)
+    means = [v for _, v in rl_curve(trained_project, "logprob_mismatch", algorithm)]
+    largest = [v for _, v in rl_curve(trained_project, "logprob_mismatch_max", algorithm)]
+    assert max(means) <= 1e-6 and max(largest) <= 2 * 2**-20
+    assert 0 <= metrics["logprob_mismatch"] <= metrics["logprob_mismatch_max"]
     for judge, rate in metrics["win_rate_vs_sft"].items():  # by gold and by its reward source
         ci = metrics["win_rate_vs_sft_ci95"][judge]
         assert 0.0 <= ci["low"] <= rate <= ci["high"] <= 1.0

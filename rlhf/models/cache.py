@@ -3,6 +3,13 @@
 Left padding puts every prompt's last token in the same column, so one forward per step serves
 the whole batch and each row's cache grows by one token. The cache also keeps which cached
 columns are real tokens, from which each step's attention mask and positions follow.
+
+The prompt goes in as one forward of any length (the prefill), and eager decoding goes on the
+same way, one token at a time over the columns written so far. For compiled decoding,
+`start_decoding` switches the cache to a column held on the device: each forward then adds one
+token per row there and attends over the whole preallocated buffer (the columns not yet written
+are masked), so every step has the same shapes and no Python number that changes; it compiles
+once and replays as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -52,28 +59,54 @@ class KVCache:
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
-        self.length = 0
+        self.length = 0  # tokens cached, while prefilling
+        self.column: Tensor | None = None  # [1] where the next token goes, once decoding
+
+    def start_decoding(self) -> None:
+        """From here on each forward adds one token per row, at `column` on the device."""
+        self.column = torch.tensor([self.length], device=self.key_mask.device)
 
     def prepare(self, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Record the new tokens' padding [B, T]; return their attention mask and positions."""
+        if self.column is not None:
+            return self._prepare_step(attention_mask)
         end = self.length + attention_mask.shape[1]
         if end > self.shape[2]:
             raise ValueError(f"KV cache holds {self.shape[2]} tokens; {end} requested")
         self.key_mask[:, self.length : end] = attention_mask
         return attention_mask_and_positions(self.key_mask[:, :end], self.length)
 
+    def _prepare_step(self, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """`prepare` for one decoding step's token per row (padding [B, 1]) at `column`: the
+        mask [B, 1, 1, L] over the whole buffer and the positions [B, 1] that
+        `attention_mask_and_positions` gives over the columns written so far."""
+        assert self.column is not None
+        self.key_mask.index_copy_(1, self.column, attention_mask)
+        columns = torch.arange(self.shape[2], device=self.key_mask.device)
+        allowed = self.key_mask | (columns == self.column)  # [B, L]; a query sees itself
+        positions = (self.key_mask.sum(-1, keepdim=True) - 1).clamp(min=0)  # [B, 1]
+        return allowed[:, None, None, :], positions
+
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v [B, H, T, D] at the current offset; return all keys and values so far."""
+        """Store k, v [B, H, T, D] at the current offset; return all keys and values so far
+        (once decoding, the whole buffer: the columns not yet written are masked)."""
         if not self.keys:
             self.keys = [k.new_zeros(self.shape) for _ in range(self.n_layer)]
             self.values = [v.new_zeros(self.shape) for _ in range(self.n_layer)]
+        if self.column is not None:
+            self.keys[layer].index_copy_(2, self.column, k)
+            self.values[layer].index_copy_(2, self.column, v)
+            return self.keys[layer], self.values[layer]
         end = self.length + k.shape[2]
         self.keys[layer][:, :, self.length : end] = k
         self.values[layer][:, :, self.length : end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def advance(self, steps: int) -> None:
-        self.length += steps
+        if self.column is not None:
+            self.column.add_(steps)
+        else:
+            self.length += steps
 
 
 def input_mask_and_positions(

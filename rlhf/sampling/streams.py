@@ -4,6 +4,11 @@ A shared `torch.Generator` hands each decoding step's uniforms to the rows in ba
 what a row samples depends on which rows share its batch. RL rollouts are sampled in shares
 across data-parallel ranks and must be the rollouts one process samples: there every row has
 its own seeded stream (`RowStreams`), and its i-th draw is the same in any batch.
+
+A generation draws every uniform it may use up front, as one table moved to the device once
+(`uniform_table`): a decoding step then reads its column of the table, with no host work and
+no host-to-device copy, which is what lets a GPU run the steps back to back (or replay them as
+a CUDA graph).
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ import torch
 from torch import Tensor
 
 SEED_LIMIT = 2**62  # row seeds are drawn below this: any torch generator takes them
-CHUNK = 64  # uniforms drawn ahead per row at a time: one decoding step usually takes one
 
 
 class RowStreams:
@@ -22,26 +26,45 @@ class RowStreams:
 
     def __init__(self, seeds: list[int]) -> None:
         self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        self.drawn = torch.empty(len(seeds), 0)  # [B, K] each row's uniforms drawn so far
-        self.used = torch.zeros(len(seeds), dtype=torch.long)  # [B] uniforms taken per row
 
-    def __call__(self, rows: Tensor | None, device: torch.device) -> Tensor:
-        """The next uniform of each of `rows` (None: every row), as [R, 1] on `device`."""
-        picked = torch.arange(len(self.used)) if rows is None else rows.cpu()
-        needed = int(self.used[picked].max()) + 1 if len(picked) else 0
-        if needed > self.drawn.shape[1]:
-            more = torch.stack([torch.rand(CHUNK, generator=g) for g in self.generators])
-            self.drawn = torch.cat([self.drawn, more], dim=1)
-        uniforms = self.drawn[picked, self.used[picked]]
-        self.used[picked] += 1
-        return uniforms[:, None].to(device)
+    def take(self, count: int) -> Tensor:
+        """The next `count` uniforms of every row's stream, [B, count] on the CPU."""
+        return torch.stack([torch.rand(count, generator=g) for g in self.generators])
 
 
 RandomSource = torch.Generator | RowStreams | None
 
 
-def uniforms(source: RandomSource, count: int, rows: Tensor | None, device: torch.device) -> Tensor:
-    """[count, 1] uniforms for `count` rows of a batch (`rows` their indices; None: all)."""
+def shared_generator(source: torch.Generator | None, device: torch.device) -> torch.Generator:
+    """`source`, or where it is None the default generator of `device` that it stands for."""
+    if source is not None:
+        return source
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index or torch.cuda.current_device()]
+    return torch.default_generator
+
+
+def uniform_table(
+    source: RandomSource, batch: int, steps: int, draws: int, device: torch.device
+) -> Tensor:
+    """Uniforms [B, steps, draws] for `steps` decoding steps that take `draws` each per row,
+    on `device`: from each row's own stream, or from a shared generator step by step, each
+    step's draws row by row (the order in which drawing at each step would take them)."""
     if isinstance(source, RowStreams):
-        return source(rows, device)
-    return torch.rand(count, 1, generator=source, device=device)
+        return source.take(steps * draws).view(batch, steps, draws).to(device)
+    generator = shared_generator(source, device)
+    table = torch.rand(steps, draws, batch, generator=generator, device=generator.device)
+    return table.permute(2, 0, 1).to(device)
+
+
+def settle(
+    source: RandomSource, state: Tensor, batch: int, steps: int, draws: int, device: torch.device
+) -> None:
+    """Leave a shared generator, whose state before `uniform_table` was `state`, as if only
+    the first `steps` decoding steps had drawn: a generation that ends early then leaves the
+    generator where it always did, so the next batch draws what it always drew."""
+    if isinstance(source, RowStreams):
+        return  # a row's stream serves one generation
+    generator = shared_generator(source, device)
+    generator.set_state(state)
+    torch.rand(steps * draws * batch, generator=generator, device=generator.device)

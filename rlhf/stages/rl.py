@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.algorithms.rl.registry import ALGORITHMS
-from rlhf.algorithms.rl.trainer import Experience, RLTrainer
+from rlhf.algorithms.rl.trainer import MISMATCH_KEYS, Experience, RLTrainer
 from rlhf.algorithms.scorers import make_scorer
 from rlhf.atomic import remove_stale_in, write_json, write_text
 from rlhf.data.chat import encode_example
@@ -158,6 +158,7 @@ def summary(history: list[dict[str, float]], trainer: RLTrainer) -> dict[str, An
         "kl": round(mean(last, "kl"), 4),
         "steps": trainer.step,
         "beta": round(trainer.kl_ctl.beta, 6),
+        **{key: float(f"{history[-1][key]:.3g}") for key in MISMATCH_KEYS},
     }
 
 

@@ -79,6 +79,19 @@ def prompt_schedule(n_prompts: int, batch_size: int, seed: int, step: int) -> li
     return [orders[p // n_prompts][p % n_prompts] for p in range(first, last)]
 
 
+MISMATCH_KEYS = ("logprob_mismatch", "logprob_mismatch_max")  # the statistics' names
+
+
+def logprob_mismatch(sampled: Tensor, scored: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the sampler's log-probs [B, N] are from the scoring pass's [B, N] over the
+    response tokens (mask [B, N]): the mean and the largest |difference|. The ratios of the
+    clipped losses take the scoring pass's as the rollout policy's, so the two must agree;
+    engines that sample with other kernels than they train with (vLLM) correct for the gap by
+    importance sampling, where ours shows it is float rounding."""
+    gap = (sampled - scored).abs()[mask]
+    return dict(zip(MISMATCH_KEYS, (float(gap.mean()), float(gap.max())), strict=True))
+
+
 class RLTrainer:
     def __init__(
         self,
@@ -155,15 +168,16 @@ class RLTrainer:
         seeds = torch.randint(SEED_LIMIT, (len(answered),), generator=self.sample_rng).tolist()
         mine, holds_rows = world.shard(list(range(len(answered))))
         started = time.perf_counter()
-        share = self.held_policy.gathered(
-            lambda: sample_rollout(
-                self.policy,
-                self.tokenizer,
-                [answered[i] for i in mine],
-                self.sampling,
-                RowStreams([seeds[i] for i in mine]),
+        with autocast(self.device, cfg.bf16):  # the precision the scoring pass runs in
+            share = self.held_policy.gathered(
+                lambda: sample_rollout(
+                    self.policy,
+                    self.tokenizer,
+                    [answered[i] for i in mine],
+                    self.sampling,
+                    RowStreams([seeds[i] for i in mine]),
+                )
             )
-        )
         rollout_s = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -207,6 +221,7 @@ class RLTrainer:
         }
         if values is not None and returns is not None:
             stats["explained_variance"] = explained_variance(values, returns, mask)
+        stats |= logprob_mismatch(rollout.logprobs, policy_logprobs, mask)
         stats |= {
             "rollout_tokens_per_s": generated / rollout_s,
             "rollout_s": rollout_s,

@@ -1,0 +1,112 @@
+"""The static decoding step: compiled whole, never recompiled as positions move, and the same
+tokens and log-probs as the eager steps from the same row streams."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.models.llama import Llama, LlamaConfig
+from rlhf.models.lora import LoRALinear, add_adapters
+from rlhf.sampling import generate as decoding
+from rlhf.sampling.generate import generate
+from rlhf.sampling.sampler import SamplingConfig
+from rlhf.sampling.streams import RowStreams
+
+EOS, PAD = 1, 2
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [20, 21, 22, 23]]
+SAMPLINGS = {
+    "whole distribution": SamplingConfig(max_new_tokens=128, temperature=1.3),
+    "top-p": SamplingConfig(max_new_tokens=40, top_p=0.7),
+    "top-k": SamplingConfig(max_new_tokens=40, top_k=8, top_p=0.9),
+}
+
+
+def gpt() -> GPT:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=60, block_size=200, n_layer=2, n_head=2, n_embd=32))
+    with torch.no_grad():  # a feature that favours the end token: rows end at different steps
+        model.ln_f.bias[0] = 1.0
+        model.lm_head.weight[EOS, 0] = 2.5
+    return model.eval()
+
+
+def qwen3() -> Llama:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=60, block_size=200, n_kv_head=2, head_dim=16, qk_norm=True)
+    return Llama(config).eval()
+
+
+def adapted(model):
+    """`model` with LoRA adapters that change its answers (B drawn, not zero)."""
+    add_adapters(model, rank=4, alpha=8.0)
+    for layer in model.modules():
+        if isinstance(layer, LoRALinear):
+            torch.nn.init.normal_(layer.lora_b, std=0.1)
+    return model
+
+
+MODELS = {"gpt": gpt, "qwen3": qwen3, "gpt+lora": lambda: adapted(gpt())}
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test compiles from nothing (and leaves nothing compiled to the next)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def decode(model, mode, config, monkeypatch, pad=PAD, prompts=PROMPTS, eos=EOS):
+    monkeypatch.setenv("RLHF_DECODE", mode)
+    streams = RowStreams(list(range(len(prompts))))
+    return generate(model, prompts, eos_id=eos, pad_id=pad, config=config, generator=streams)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_decode_step_compiles_whole_once_for_a_whole_generation(name, monkeypatch):
+    """fullgraph: any graph break fails. A 128-step generation (rows that never end)
+    compiles the first step's sampling and the decoding step once each; another batch of
+    other prompt lengths (so other positions at every step, within the same cache bucket)
+    compiles nothing more."""
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "eager")  # capture alone: no codegen
+    model = MODELS[name]()
+    counters.clear()
+    config = SAMPLINGS["whole distribution"]
+    out = decode(model, "compiled", config, monkeypatch, eos=-1)  # no row ends
+    assert out.mask.all()  # 128 steps, at moving positions
+    assert counters["stats"]["unique_graphs"] == 2
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        other_lengths = [[*p[::-1], 30] for p in PROMPTS[::-1]]
+        decode(model, "compiled", config, monkeypatch, prompts=other_lengths, eos=-1)
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("pad", [PAD, EOS], ids=["pad!=end", "pad=end"])
+def test_static_steps_sample_what_eager_steps_sample(name, sampling, pad, monkeypatch):
+    """The static path (preallocated cache read whole, every nucleus draw at once) captured
+    by dynamo against the eager steps, from the same streams: the same tokens, rows ending
+    at different steps, and log-probs within float rounding (the static cache's attention
+    sums over the whole buffer)."""
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "eager")
+    model, config = MODELS[name](), SAMPLINGS[sampling]
+    eager = decode(model, "eager", config, monkeypatch, pad)
+    static = decode(model, "compiled", config, monkeypatch, pad)
+    assert torch.equal(static.tokens, eager.tokens) and torch.equal(static.mask, eager.mask)
+    torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-6, rtol=0)
+    if name == "gpt":
+        assert len(set(eager.mask.sum(-1).tolist())) > 1  # rows ended apart
+
+
+@pytest.mark.slow
+def test_the_inductor_compiled_step_samples_what_eager_steps_sample(monkeypatch):
+    """Compiled to kernels (what a GPU runs, here on the CPU), top-p included: the same
+    tokens, log-probs within 1e-6."""
+    model = adapted(gpt())
+    config = SamplingConfig(max_new_tokens=48, top_p=0.8, temperature=1.2)
+    eager = decode(model, "eager", config, monkeypatch)
+    compiled = decode(model, "compiled", config, monkeypatch)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-6, rtol=0)
