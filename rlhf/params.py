@@ -144,6 +144,15 @@ class TrainParams:
         "numbers either way on the CPU; on CUDA under bf16 the sharded model computes with "
         "bfloat16 weights where ddp autocasts float32 ones.",
     )
+    compile: Literal["auto", "on", "off"] = spec(
+        "auto",
+        "Compile the training and scoring forwards of the stages in this group (SFT, reward "
+        "model, DPO, RL: each transformer block, and the LM loss's chunks, with "
+        "`torch.compile`). `auto`: where the device is CUDA; `on`: on the CPU too (compiling "
+        "takes longer there than it saves on the default config). Not under `fsdp2` with "
+        "several processes, whose blocks stay eager. The time spent compiling is logged once "
+        "per stage. Sampling compiles its decoding step by `RLHF_DECODE` instead.",
+    )
 
 
 @dataclass(frozen=True)

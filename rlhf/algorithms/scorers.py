@@ -110,6 +110,14 @@ class EnsembleScorer:
         return scores.min(0).values if self.reduce == "min" else scores.mean(0)
 
 
+def backbones(scorer: Scorer) -> list[Backbone]:
+    """The backbones of ours a scorer runs: none for a rule or a transformers model."""
+    if isinstance(scorer, EnsembleScorer):
+        return [model for member in scorer.members for model in backbones(member)]
+    model = getattr(scorer, "model", None)
+    return [model] if isinstance(model, Backbone) else []
+
+
 def external_scorer(folder: Path, device: torch.device, bf16: bool = False) -> Scorer:
     """A reward model folder in Hugging Face layout: through our own backbones where we have
     its family, else through transformers (the `[hf]` extra), imported only here."""

@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from rlhf.algorithms.lm_loss import chunk_terms, compiled_chunk_terms, linear_cross_entropy
 from rlhf.data.batching import IGNORE_INDEX, collate
 from rlhf.data.chat import Example
 from rlhf.models.backbone import Backbone
 
 
 def masked_lm_loss(model: Backbone, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the targets that are not IGNORE_INDEX."""
-    logits = model(inputs)  # [B, T, V]
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+    """Mean next-token cross-entropy over the targets that are not IGNORE_INDEX, the LM head
+    run a chunk of tokens at a time (`rlhf.algorithms.lm_loss`): never [B, T, V] logits."""
+    hidden = model.hidden_states(inputs)  # [B, T, C]
+    terms = compiled_chunk_terms() if model.compiled_blocks is not None else chunk_terms
+    return linear_cross_entropy(
+        hidden.flatten(0, 1), model.lm_head.weight, targets.flatten(), terms
     )
 
 

@@ -20,16 +20,20 @@ from rlhf.models.cache import KVCache, input_mask_and_positions
 
 
 class Backbone(nn.Module, ABC):
-    """A decoder-only transformer with an LM head and two scalar heads, `value_head` and
-    `reward_head` (subclasses create both, each `nn.Linear(hidden, 1)`)."""
+    """A decoder-only transformer with an LM head, `lm_head` (`nn.Linear(hidden, vocab)`
+    without bias), and two scalar heads, `value_head` and `reward_head` (each
+    `nn.Linear(hidden, 1)`); subclasses create all three."""
 
     name: ClassVar[str]  # registry key, stored in checkpoints
     config_class: ClassVar[type]  # a dataclass: the architecture, rebuilt from checkpoints
     config: Any
+    lm_head: nn.Linear
     value_head: nn.Linear
     reward_head: nn.Linear
     # recompute each block in the backward pass instead of keeping its activations
     activation_checkpointing: bool = False
+    # each block compiled (`compile_blocks`) for the forwards without a KV cache
+    compiled_blocks: dict[int, nn.Module] | None = None
 
     @property
     @abstractmethod
@@ -68,16 +72,29 @@ class Backbone(nn.Module, ABC):
         """The repeated blocks of the trunk, in order: the units a sharded model gathers one
         at a time (`rlhf.train.sharding`)."""
 
-    def run_block(self, block: nn.Module, x: Tensor, *args: object) -> Tensor:
-        """One transformer block, checkpointed when activation checkpointing is on and a
-        backward pass will follow: its activations are then recomputed, not kept."""
-        if self.activation_checkpointing and torch.is_grad_enabled():
-            return checkpoint(block, x, *args, use_reentrant=False)
-        return block(x, *args)
+    def compile_blocks(self) -> None:
+        """Compile each transformer block (`torch.compile`, shapes marked dynamic as they
+        vary) for every forward without a KV cache: the training losses and the scoring
+        passes, whose packed bins change shape from batch to batch. One block at a time, as
+        torchtitan does, so a sharded block keeps its FSDP2 hooks around its compiled body.
+        Decoding compiles its step whole instead (`rlhf.sampling.generate`)."""
+        self.compiled_blocks = {id(b): torch.compile(b) for b in self.transformer_blocks()}
 
-    @abstractmethod
+    def run_block(
+        self, block: nn.Module, x: Tensor, *args: object, cache: KVCache | None
+    ) -> Tensor:
+        """One transformer block, compiled where `compile_blocks` compiled it and no cache is
+        used; checkpointed when activation checkpointing is on and a backward pass will
+        follow: its activations are then recomputed, not kept."""
+        if cache is None and self.compiled_blocks is not None:
+            block = self.compiled_blocks[id(block)]
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, x, *args, cache, use_reentrant=False)
+        return block(x, *args, cache)
+
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Next-token logits [B, T, V] from hidden states [B, T, C]."""
+        return self.lm_head(hidden)
 
     @abstractmethod
     def kv_layout(self) -> tuple[int, int, int]:

@@ -144,13 +144,10 @@ class GPT(Backbone):
     ) -> Tensor:
         x = self.drop(self.wte(ids) + self.wpe(positions))
         for block in self.blocks:
-            x = self.run_block(block, x, mask, cache)
+            x = self.run_block(block, x, mask, cache=cache)
         if cache is not None:
             cache.advance(ids.shape[1])
         return self.ln_f(x)
 
     def transformer_blocks(self) -> list[nn.Module]:
         return list(self.blocks)
-
-    def lm_logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(hidden)

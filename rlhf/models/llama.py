@@ -189,13 +189,10 @@ class Llama(Backbone):
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]
         rotary = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
         for layer in self.layers:
-            x = self.run_block(layer, x, rotary, mask, cache)
+            x = self.run_block(layer, x, rotary, mask, cache=cache)
         if cache is not None:
             cache.advance(ids.shape[1])
         return self.norm(x)
 
     def transformer_blocks(self) -> list[nn.Module]:
         return list(self.layers)
-
-    def lm_logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(hidden)

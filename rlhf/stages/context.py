@@ -81,10 +81,28 @@ class StageRun:
         """Whether models held for inference only are kept in bfloat16 (on CUDA only)."""
         return self.params.memory.frozen_bf16 and self.device.type == "cuda"
 
+    @property
+    def compiles(self) -> bool:
+        """Whether this stage compiles its models' training and scoring forwards
+        (`train.compile`; only the stages keyed by the `train` group, never sharded)."""
+        if "train" not in self.spec.params:
+            return False
+        train = self.params.train
+        if train.strategy == "fsdp2" and self.world.distributed:
+            return False
+        return train.compile == "on" or (train.compile == "auto" and self.device.type == "cuda")
+
+    def compiled(self, model: Backbone) -> Backbone:
+        """`model`, its blocks compiled where this stage compiles (`compiles`)."""
+        if self.compiles:
+            model.compile_blocks()
+        return model
+
     def trainable(self, model: Backbone) -> Backbone:
-        """`model` on this run's device, checkpointing activations if the params say so."""
+        """`model` on this run's device, checkpointing activations if the params say so, and
+        compiled where the stage compiles."""
         model.activation_checkpointing = self.params.memory.activation_checkpointing
-        return model.to(self.device)
+        return self.compiled(model.to(self.device))
 
     def preflight(self, model_file: Path, work: Workload) -> None:
         """Refuse, before loading anything, a workload with the model in `model_file` that
@@ -99,7 +117,8 @@ class StageRun:
     def load_frozen(self, path: Path) -> Backbone:
         """A model this run only runs forward: no gradients, eval mode, and in bfloat16 on
         CUDA under `memory.frozen_bf16`."""
-        return freeze(checkpoint.load_model(path, self.tokenizer, self.device)[0], self.frozen_bf16)
+        model = checkpoint.load_model(path, self.tokenizer, self.device)[0]
+        return self.compiled(freeze(model, self.frozen_bf16))
 
     def payload(self, model: Backbone, kind: str, **extra: Any) -> dict[str, Any]:
         return checkpoint.model_payload(model, self.tokenizer, self.params_hash, kind, **extra)

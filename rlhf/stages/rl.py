@@ -30,7 +30,7 @@ from typing import Any
 
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import MISMATCH_KEYS, Experience, RLTrainer
-from rlhf.algorithms.scorers import make_scorer
+from rlhf.algorithms.scorers import backbones, make_scorer
 from rlhf.atomic import remove_stale_in, write_json, write_text
 from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
@@ -45,6 +45,7 @@ from rlhf.stages.entry import main
 from rlhf.stages.outputs import published, write_timings
 from rlhf.stages.specs import ITEM, Plot, StageSpec
 from rlhf.stages.trained import finish, reporting, stage_curves
+from rlhf.train.device import compile_report
 from rlhf.train.guard import NonFiniteError
 from rlhf.train.loop import resume_state
 
@@ -108,6 +109,8 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         p.rl.ensemble_reduce,
         stage.frozen_bf16,
     )
+    for model in backbones(scorer):
+        stage.compiled(model)
     demos = read_rows(paths.SFT_TRAIN, SFT_SCHEMA) if cfg.ptx_coef > 0 else []
     block = p.model.block_size
     return RLTrainer(
@@ -244,6 +247,8 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                 if writes:
                     checkpoint.save_resume(resume, fingerprint, state)
                 saved = step
+    if report := compile_report():
+        stage.log(report)
     return history, samples
 
 

@@ -42,3 +42,12 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def compile_report() -> str | None:
+    """How long `torch.compile` has worked in this process (tracing, code generation,
+    backward graphs), for a stage's log; None where nothing was compiled."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    seconds = calculate_time_spent().get("total_wall_time", 0.0)
+    return f"compiling took {seconds:.1f} s" if seconds else None

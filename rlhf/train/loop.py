@@ -26,7 +26,7 @@ from torch import Tensor
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
-from rlhf.train.device import autocast, rng_state, set_rng_state
+from rlhf.train.device import autocast, compile_report, rng_state, set_rng_state
 from rlhf.train.distributed import World, barrier, globally_normalized, sum_across
 from rlhf.train.guard import NonFiniteError, grad_norm, require_finite
 from rlhf.train.optim import adamw, lr_at, set_lr
@@ -285,5 +285,7 @@ def fit(
             saved = step + 1
         on_point(*curve_points(history.steps[-1:], history.epochs)[0])
         on_step(step + 1, total, train_loss)
+    if report := compile_report():
+        log(report)
     model.eval()
     return history, held.whole_model()

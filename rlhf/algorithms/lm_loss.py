@@ -1,0 +1,118 @@
+"""Next-token cross-entropy with the LM head inside, a chunk of tokens at a time.
+
+The plain loss, `cross_entropy(lm_head(hidden).float(), targets)`, holds float32 logits over
+the whole vocabulary for every token of the batch, and their gradient: 3.3 GB each at GPT-2's
+50,257 tokens for a batch of 16 x 1,024. Here the head runs on `CHUNK_TOKENS` tokens at a time,
+and each chunk's gradients (for the hidden states and the head's weight) are computed as soon
+as its loss is (the fused linear cross-entropy of Liger-Kernel and Apple's cut cross-entropy,
+in torch ops): the backward pass only scales them, so no chunk's logits outlive it and the head
+never runs twice. Each chunk is the plain computation on its tokens, differentiated by autograd
+itself (under autocast the head's matmuls run in bfloat16 as `nn.Linear`'s would): a batch of
+one chunk gets the plain loss and gradients bit for bit, more chunks up to the order in which
+their sums are added.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlhf.data.batching import IGNORE_INDEX
+
+CHUNK_TOKENS = 4096  # tokens whose logits one chunk holds: [4096, V] float32 at a time
+
+# (hidden [n, C], weight [V, C], targets [n], scale, grad for hidden?, grad for weight?)
+# -> (summed loss, scale times its gradient for hidden or None, for weight or None)
+ChunkTerms = Callable[
+    [Tensor, Tensor, Tensor, Tensor, bool, bool], tuple[Tensor, Tensor | None, Tensor | None]
+]
+
+
+def chunk_terms(
+    hidden: Tensor, weight: Tensor, targets: Tensor, scale: Tensor, for_hidden: bool,
+    for_weight: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
+    """One chunk's summed cross-entropy over its targets that are not IGNORE_INDEX, and
+    `scale` times that sum's gradients for `hidden` [n, C] and for the head's `weight`
+    [V, C], where asked."""
+    with torch.enable_grad():
+        hidden = hidden.detach().requires_grad_(for_hidden)
+        weight = weight.detach().requires_grad_(for_weight)
+        logits = F.linear(hidden, weight).float()  # [n, V]
+        loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        if not (for_hidden or for_weight):
+            return loss.detach(), None, None
+        wanted = [t for t, want in ((hidden, for_hidden), (weight, for_weight)) if want]
+        grads = iter(torch.autograd.grad(loss, wanted, grad_outputs=scale))
+    return (
+        loss.detach(),
+        next(grads) if for_hidden else None,
+        next(grads) if for_weight else None,
+    )
+
+
+@functools.cache
+def compiled_chunk_terms() -> ChunkTerms:
+    """`chunk_terms` compiled (its shapes marked dynamic as they vary), for the models
+    whose blocks are compiled."""
+    return torch.compile(chunk_terms)
+
+
+def target_count(targets: Tensor) -> Tensor:
+    """The targets the mean is over, as a float: at least 1, so that none (a data-parallel
+    rank's stand-in row) gives a loss of 0, not NaN."""
+    return (targets != IGNORE_INDEX).sum().clamp(min=1).float()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of `hidden @ weight.T` whose gradients are made in the forward."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms) -> Tensor:
+        for_hidden, for_weight = ctx.needs_input_grad[:2]
+        count = target_count(targets)
+        scale = 1.0 / count  # each token's share of the mean's gradient, as the plain one
+        total = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden = torch.zeros_like(hidden) if for_hidden else None
+        grad_weight = torch.zeros_like(weight) if for_weight else None
+        for start in range(0, hidden.shape[0], CHUNK_TOKENS):
+            chunk = slice(start, start + CHUNK_TOKENS)
+            loss, chunk_hidden, chunk_weight = terms(
+                hidden[chunk], weight, targets[chunk], scale, for_hidden, for_weight
+            )
+            total = total + loss
+            if grad_hidden is not None:
+                grad_hidden[chunk] = chunk_hidden
+            if grad_weight is not None:
+                grad_weight += chunk_weight
+        ctx.grads = (grad_hidden, grad_weight)
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        grad_hidden, grad_weight = ctx.grads
+        return (
+            None if grad_hidden is None else grad_hidden * grad_loss,
+            None if grad_weight is None else grad_weight * grad_loss,
+            None,
+            None,
+        )
+
+
+def linear_cross_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms = chunk_terms
+) -> Tensor:
+    """Mean next-token cross-entropy of the logits `hidden @ weight.T` (hidden [N, C], the
+    head's weight [V, C]) against `targets` [N], over the targets that are not IGNORE_INDEX;
+    `terms`: `chunk_terms`, or a compiled version of it."""
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(hidden, weight, targets, terms)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], CHUNK_TOKENS):
+        chunk = slice(start, start + CHUNK_TOKENS)
+        total = total + terms(hidden[chunk], weight, targets[chunk], total, False, False)[0]
+    return total / target_count(targets)
