@@ -365,6 +365,15 @@ class RLParams:
     lora_alpha: float = spec(
         16.0, "LoRA scaling: an adapter's update is multiplied by lora_alpha / lora_rank.", gt=0.0
     )
+    microbatch_tokens: int = spec(
+        16384,
+        "Most tokens (prompts and answers) one forward and backward pass of an update, or one "
+        "scoring forward, takes. A minibatch with more runs as several such passes whose "
+        "gradients add up before its one optimizer step (gradient accumulation): the "
+        "minibatch is the algorithm's choice, this budget the device's memory's. A row longer "
+        "than the budget runs alone.",
+        ge=1,
+    )
     save_every: int = spec(10, "Iterations between resume checkpoints.", ge=1)
     snapshot_every: int = spec(
         20,

@@ -65,6 +65,9 @@ def rl_results(project, algorithm):
     logged = (project / "artifacts" / algorithm / "samples.jsonl").read_text().splitlines()
     answers = [json.loads(line)["response"] for line in logged]
     metrics = json.loads((project / "metrics" / f"{algorithm}.json").read_text())
+    # but the sampler/scorer log-prob mismatch: float rounding itself, which another packing
+    # of the scored rows moves (held to its bound in tests/test_rl_stage.py)
+    metrics = {k: v for k, v in metrics.items() if not k.startswith("logprob_mismatch")}
     return metrics, curves | {"answers": answers}
 
 

@@ -18,6 +18,9 @@ RL_ONE_STEP = {  # one iteration of one optimizer step: all 8 answers in one min
 RL_LOSSES = {"ppo": ("value_loss", "ptx_loss", "entropy", "approx_kl"),
              "grpo": ("kl_loss", "entropy", "approx_kl")}  # fmt: skip
 ROWS = {"ppo": 8, "grpo": 10}  # answers in the one step
+# a token budget that runs about a row per pass: each rank's share of the minibatch as
+# several passes whose gradients add up (as many on each rank: stand-ins where it has fewer)
+MICROBATCHES = {"rl.microbatch_tokens": 40}
 
 
 def summation_bound(curves, algorithm) -> float:
@@ -32,7 +35,8 @@ def summation_bound(curves, algorithm) -> float:
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_two_processes_take_the_rl_step_one_takes(trained_project, tmp_path, algorithm):
     """Each rank samples, scores and trains on its share of the answers (an odd 5 of GRPO's
-    10 each): the rollout is the same answers, every loss of the update agrees within 1e-5,
+    10 each), in microbatches of about a row (the gradients added up before the one step):
+    the rollout is the same answers, every loss of the update agrees within 1e-5,
     and so does the held-out evaluation of the policy after it. The policy loss is a mean of
     normalized advantages, near 0 by construction: it is compared absolutely, within what
     summing its terms in another order explains (measured 2e-7 to 8e-7). The same holds
@@ -40,8 +44,8 @@ def test_two_processes_take_the_rl_step_one_takes(trained_project, tmp_path, alg
     one_step = RL_ONE_STEP[algorithm]
     metrics_1, curves_1 = rl_run(trained_project, tmp_path / "n1", algorithm, 1, one_step)
     for strategy in ("ddp", "fsdp2") if algorithm == "ppo" else ("ddp",):
-        metrics_2, curves_2 = rl_run(trained_project, tmp_path / strategy, algorithm, 2,
-                                     one_step | {"train.strategy": strategy})  # fmt: skip
+        overrides = one_step | {"train.strategy": strategy} | MICROBATCHES
+        metrics_2, curves_2 = rl_run(trained_project, tmp_path / strategy, algorithm, 2, overrides)
         assert curves_2["answers"] == curves_1["answers"]
         assert curves_2["score"] == pytest.approx(curves_1["score"], rel=1e-6)
         for name in RL_LOSSES[algorithm]:  # a ratio of exactly 1 (KL 0) is 1e-15 apart

@@ -115,8 +115,9 @@ def test_killed_ppo_resumes_and_matches_an_uninterrupted_run(trained_project, tm
 
 
 def trainer_for(
-    trained_project, algorithm: str, overrides: dict, *, dropout: float = 0.0, lora: int = 0
-):
+    trained_project, algorithm: str, overrides: dict, *, dropout: float = 0.0, lora: int = 0,
+    microbatch_tokens: int = 16384,
+):  # fmt: skip
     """A trainer for `algorithm` on the tiny project's SFT policy (and its RM as critic);
     `lora` > 0 trains adapters of that rank on both, the policy its own reference. Seeded:
     the adapters' initialization draws from the global generator, which earlier tests move."""
@@ -140,7 +141,8 @@ def trainer_for(
                 add_adapters(model, lora, alpha=16.0)
     rows = read_rows(trained_project / "data" / "prepared" / "prompts_train.parquet", PROMPT_SCHEMA)
     return RLTrainer(
-        ALGORITHMS[algorithm], cfg, RLParams(max_new_tokens=12), policy=policy,
+        ALGORITHMS[algorithm], cfg,
+        RLParams(max_new_tokens=12, microbatch_tokens=microbatch_tokens), policy=policy,
         reference=reference, critic=critic, scorer=RuleScorer(contains_number),
         tokenizer=tokenizer, prompts=sorted({r["prompt"] for r in rows}), seed=0,
     )  # fmt: skip
@@ -225,6 +227,29 @@ def test_updates_run_without_dropout_so_the_first_ratio_is_one(trained_project, 
     stats, _ = trainer.iteration()
     assert stats["approx_kl"] < 1e-12 and stats["clip_fraction"] == 0.0
     assert not trainer.policy.training
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_microbatches_add_up_to_the_minibatch(trained_project, algorithm):
+    """A token budget (40) that runs each of the scoring pass's rows and each minibatch's as
+    a pass of its own, gradients added up before the minibatch's one step: two iterations
+    give the statistics and the policy of one pass per minibatch, up to summation order."""
+    overrides = {"batch_size": 8, "minibatch_size": 4, "update_epochs": 2, "lr": 1e-3}
+    if algorithm == "grpo":
+        overrides |= {"batch_size": 2, "group_size": 4}
+    runs = [trainer_for(trained_project, algorithm, overrides, microbatch_tokens=budget)
+            for budget in (16384, 40)]  # fmt: skip
+    for _ in range(2):
+        whole, cut = (trainer.iteration()[0] for trainer in runs)
+        assert cut.keys() == whole.keys()
+        for key in whole.keys() - {"update_tokens_per_s", "rollout_tokens_per_s"} - MISMATCH:
+            if not key.endswith("_s"):  # times; and the mismatch is rounding itself
+                assert cut[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), key
+    ids = torch.randint(0, 400, (4, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the models, not their weights: Adam turns the rounding noise of
+        # the key bias's gradient (zero in exact arithmetic) into steps either way
+        logits = [trainer.policy(ids) for trainer in runs]
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
 
 
 def test_reward_sources(trained_project):

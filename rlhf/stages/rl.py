@@ -83,11 +83,13 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     trained = 1 + separate_critic  # the policy, and a critic of its own
     rewarded = p.rl.reward in ("rm", "ensemble")  # a reward model held beside them
     lora = p.rl.lora_rank > 0  # then adapters train, and the policy is its own reference
+    # full-context rows one forward and backward pass of the update holds (`microbatches`)
+    micro_sequences = min(cfg.minibatch_size, -(-p.rl.microbatch_tokens // p.model.block_size))
     work = stage.workload(
         trained=0 if lora else trained,
         adapted=trained if lora else 0,
         frozen=rewarded if lora else 1 + rewarded,  # the reference, unless adapters are off
-        sequences=cfg.minibatch_size + (cfg.ptx_batch_size if cfg.ptx_coef > 0 else 0),
+        sequences=micro_sequences + (cfg.ptx_batch_size if cfg.ptx_coef > 0 else 0),
         sampled=cfg.batch_size * cfg.group_size,
     )
     stage.preflight(paths.SFT_MODEL, work)

@@ -44,13 +44,17 @@ class World:
     def distributed(self) -> bool:
         return self.size > 1
 
+    def shares(self, rows: list[int]) -> list[list[int]]:
+        """Every rank's strided share of a global batch, by rank."""
+        return [rows[rank :: self.size] for rank in range(self.size)]
+
     def shard(self, rows: list[int]) -> tuple[list[int], bool]:
         """This rank's strided share of a global batch, and whether it holds any row.
 
         A rank left without rows (a last batch smaller than the world) forwards the batch's
         first row with weight 0: every rank must run the same forwards and backwards for the
         gradients to be reduced."""
-        mine = rows[self.rank :: self.size]
+        mine = self.shares(rows)[self.rank]
         return (mine, True) if mine else (rows[:1], False)
 
     def weighed_shard(
@@ -163,7 +167,5 @@ def data_parallel(model: nn.Module) -> nn.Module:
 def globally_normalized(loss: Tensor, share: float, world: World) -> Tensor:
     """The loss to backpropagate so that the average over ranks (DDP's, FSDP2's) is the mean
     over all units of the global batch: a rank's mean over its units weighted by `share`, its
-    fraction of the batch's units."""
-    if not world.distributed:
-        return loss
+    fraction of the batch's units (the whole batch in one pass of one process: exactly 1)."""
     return loss * (share * world.size)

@@ -10,8 +10,9 @@ model's state for the resume file, whatever the number of processes, so a run re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -63,6 +64,13 @@ class Replicas:
             return function(*args)
         return self.wrapped(function, *args)
 
+    def accumulating(self, last: bool) -> contextlib.AbstractContextManager:
+        """Where a loss is run and backpropagated whose gradients add to the next ones
+        (`last` False) or complete them: DDP reduces them across ranks with the last only."""
+        if self.wrapped is None or last:
+            return contextlib.nullcontext()
+        return self.wrapped.no_sync()
+
     def evaluate(self, function: Callable[[], Result]) -> Result:
         """`function()`, which runs the model forward only."""
         return function()
@@ -107,6 +115,15 @@ class Shards:
 
     def loss(self, function: Callable[..., Result], *args: Any) -> Result:
         return self.wrapped(function, *args)
+
+    @contextlib.contextmanager
+    def accumulating(self, last: bool) -> Iterator[None]:
+        """As `Replicas.accumulating`: the gradients are reduce-scattered with the last."""
+        self.wrapped.set_requires_gradient_sync(last)
+        try:
+            yield
+        finally:
+            self.wrapped.set_requires_gradient_sync(True)
 
     def evaluate(self, function: Callable[[], Result]) -> Result:
         return self.wrapped(function)

@@ -31,6 +31,7 @@ from rlhf.algorithms.rl.losses import (
     explained_variance,
     masked_mean,
 )
+from rlhf.algorithms.rl.microbatches import cut, microbatches
 from rlhf.algorithms.rl.registry import Algorithm
 from rlhf.algorithms.rl.shards import whole_batch
 from rlhf.algorithms.scorers import Scorer
@@ -46,11 +47,11 @@ from rlhf.sampling.rollout import Rollout, sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.sampling.streams import SEED_LIMIT, RowStreams
 from rlhf.train.device import autocast, rng_state, set_rng_state
-from rlhf.train.distributed import World, globally_normalized, sum_across
+from rlhf.train.distributed import World, globally_normalized, max_across, sum_across
 from rlhf.train.guard import grad_norm, require_finite
 from rlhf.train.loop import batch_order
 from rlhf.train.optim import adamw, lr_at, set_lr
-from rlhf.train.sharding import hold
+from rlhf.train.sharding import Holder, hold
 
 
 @dataclass
@@ -231,8 +232,23 @@ class RLTrainer:
 
     def _score(self, rollout: Rollout) -> dict[str, Tensor]:
         """What the models say of each row: policy and reference log-probs [B, N], the
-        critic's values [B, N] where there is a critic, the reward source's scores [B]."""
-        args = (rollout.sequences, rollout.attention_mask, rollout.prompt_width)
+        critic's values [B, N] where there is a critic, the reward source's scores [B]. The
+        forwards run in microbatches of at most `rl.microbatch_tokens` tokens, as many on
+        every rank (the spare ones on a stand-in row, their results dropped)."""
+        lengths = rollout.attention_mask.sum(-1).tolist()
+        groups = cut(range(len(lengths)), lengths, self.shared.microbatch_tokens)
+        count = max_across(self.world, len(groups), self.device)
+        forwards = [
+            self._score_rows(rollout, torch.tensor(rows, device=self.device))
+            for rows in groups + [groups[0][:1]] * (count - len(groups))
+        ][: len(groups)]
+        scored = {key: torch.cat([f[key] for f in forwards]) for key in forwards[0]}
+        scored["scores"] = self.scorer(rollout.prompts, rollout.responses).to(self.device)
+        return scored
+
+    def _score_rows(self, rollout: Rollout, rows: Tensor) -> dict[str, Tensor]:
+        """`_score`'s model forwards for some `rows` of the rollout."""
+        args = (rollout.sequences[rows], rollout.attention_mask[rows], rollout.prompt_width)
 
         def policy_side() -> dict[str, Tensor]:
             out = response_forward(self.policy, *args, self.shared.temperature)
@@ -253,7 +269,6 @@ class RLTrainer:
             if self.held_critic is not None:
                 critic = self.held_critic
                 scored["values"] = critic.evaluate(lambda: response_values(critic.model, *args))
-        scored["scores"] = self.scorer(rollout.prompts, rollout.responses).to(self.device)
         return scored
 
     # -- update ----------------------------------------------------------------------------
@@ -293,11 +308,13 @@ class RLTrainer:
         return globally_normalized(loss, weight, self.world)
 
     def _minibatch_loss(
-        self, exp: Experience, rows: Tensor, weight: float, record: Recorder
+        self, exp: Experience, rows: Tensor, weight: float, record: Recorder, with_ptx: bool
     ) -> Tensor:
         """This rank's part of the policy's loss on a minibatch, under autocast: the mean over
-        its rows' response tokens times `weight`, their share of the minibatch's tokens, and
-        the number of ranks, so that DDP's average of the parts is the minibatch's loss."""
+        `rows`' response tokens times `weight`, their share of the minibatch's tokens, and
+        the number of ranks, so that the parts added up over microbatches and averaged over
+        ranks (DDP, FSDP2) are the minibatch's loss; `with_ptx`: the pretraining mix, which
+        one microbatch of each minibatch adds."""
         cfg, rollout = self.cfg, exp.rollout
         mask = rollout.response_mask[rows]
         out = response_forward(
@@ -331,7 +348,7 @@ class RLTrainer:
             loss = loss + cfg.vf_coef * value_loss
             record(weight, value_loss=value_loss, value_clip_fraction=value_clip)
         loss = globally_normalized(loss, weight, self.world)
-        if cfg.ptx_coef > 0 and self.ptx_examples:
+        if with_ptx and cfg.ptx_coef > 0 and self.ptx_examples:
             loss = loss + cfg.ptx_coef * self._ptx_loss(record)
         record(
             weight,
@@ -342,14 +359,32 @@ class RLTrainer:
         )
         return loss
 
-    def _apply(
-        self, loss: Tensor, model: Backbone, optimizer: torch.optim.Optimizer, norm_name: str
+    def _accumulated_step(
+        self,
+        held: Holder,
+        optimizer: torch.optim.Optimizer,
+        parts: list[tuple[Tensor, float]],
+        loss_of: Callable[[Tensor, float, bool], Tensor],
+        names: tuple[str, str],
+        terms: Callable[[], dict[str, float]],
     ) -> None:
-        """Backpropagate `loss` and step `optimizer`, unless the gradient norm is not finite.
-        Every rank checks the same reduced gradients, so all stop or none."""
+        """One optimizer step on the gradients of every part (rows, share) added up:
+        `loss_of(rows, share, last)` forward under autocast and backward, part by part, the
+        gradients reduced across ranks with the last. Unless the loss summed over the parts
+        or the gradient norm (`names` name them) is not finite: every rank checks the same
+        reduced values, so all stop or none, before the update."""
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = grad_norm(model.parameters(), self.cfg.grad_clip)
+        total = torch.zeros((), device=self.device)
+        for index, (rows, share) in enumerate(parts):
+            last = index == len(parts) - 1
+            with held.accumulating(last):
+                with autocast(self.device, self.cfg.bf16):
+                    loss = held.loss(loss_of, rows, share, last)
+                loss.backward()
+            total = total + loss.detach()
+        loss_name, norm_name = names
+        require_finite(self.step + 1, {loss_name: self._global(total)}, terms())
+        norm = grad_norm(held.model.parameters(), self.cfg.grad_clip)
         require_finite(self.step + 1, {norm_name: norm})
         optimizer.step()
 
@@ -370,22 +405,21 @@ class RLTrainer:
         loss or gradient norm stops it before that update, naming the terms that were.
         Each rank trains on its share of every minibatch; the statistics are the whole
         minibatch's, reduced once per pass."""
-        cfg, step, world = self.cfg, self.step + 1, self.world
+        cfg, world = self.cfg, self.world
         inputs = {"scores": exp.scores.sum(), "advantages": exp.advantages.sum()}
         started = time.perf_counter()
         totals: dict[str, list[float]] = {}  # each minibatch's statistics, over every rank
-        current: dict[str, tuple[float, float]] = {}  # this minibatch's: (weight, mean)
+        current: dict[str, float] = {}  # this minibatch's statistics, weighted, added up
 
         def record(weight: float, **values: float | Tensor) -> None:
             for key, value in values.items():
-                current[key] = (
-                    weight,
-                    float(value.detach() if isinstance(value, Tensor) else value),
-                )
+                value = float(value.detach() if isinstance(value, Tensor) else value)
+                current[key] = current.get(key, 0.0) + weight * value
 
         clipped = isinstance(cfg, ClipParams)
         passes = cfg.update_epochs if clipped else 1
         rollout, batch = exp.rollout, exp.rollout.sequences.shape[0]
+        lengths = rollout.attention_mask.sum(-1).tolist()  # the tokens each row forwards
         starts = range(0, batch, cfg.minibatch_size)
         trained_tokens = 0
         epochs_run = 0
@@ -394,26 +428,37 @@ class RLTrainer:
             weighed: list[dict[str, float]] = []  # this rank's weighted means, per minibatch
             for start in starts:
                 minibatch = order[start : start + cfg.minibatch_size]
-                mine, weight = world.weighed_shard(
-                    minibatch, lambda some: int(rollout.response_mask[some].sum())
-                )
-                rows = torch.tensor(mine, device=self.device)
-                current.clear()
-                with autocast(self.device, cfg.bf16):
-                    loss = self.held_policy.loss(self._minibatch_loss, exp, rows, weight, record)
-                terms = {key: value for key, (_, value) in current.items()}
-                require_finite(step, {"loss": self._global(loss)}, terms | inputs)
-                self._apply(loss, self.policy, self.policy_opt, "policy_grad_norm")
-                if self.held_critic is not None and self.critic_opt is not None:
-                    with autocast(self.device, cfg.bf16):
-                        value_loss = self.held_critic.loss(
-                            self._critic_loss, exp, rows, weight, record
-                        )
-                    require_finite(step, {"value_loss": self._global(value_loss)})
-                    self._apply(
-                        value_loss, self.held_critic.model, self.critic_opt, "critic_grad_norm"
+                tokens = int(rollout.response_mask[minibatch].sum())  # what the loss averages
+                parts = [
+                    (
+                        torch.tensor(part.rows, device=self.device),
+                        int(rollout.response_mask[part.rows].sum()) / tokens
+                        if part.counts
+                        else 0.0,
                     )
-                weighed.append({key: w * value for key, (w, value) in current.items()})
+                    for part in microbatches(
+                        world, minibatch, lengths, self.shared.microbatch_tokens
+                    )
+                ]
+                current.clear()
+                self._accumulated_step(
+                    self.held_policy,
+                    self.policy_opt,
+                    parts,
+                    lambda rows, share, last: self._minibatch_loss(exp, rows, share, record, last),
+                    ("loss", "policy_grad_norm"),
+                    lambda: current | inputs,
+                )
+                if self.held_critic is not None and self.critic_opt is not None:
+                    self._accumulated_step(
+                        self.held_critic,
+                        self.critic_opt,
+                        parts,
+                        lambda rows, share, _: self._critic_loss(exp, rows, share, record),
+                        ("value_loss", "critic_grad_norm"),
+                        dict,
+                    )
+                weighed.append(dict(current))
                 trained_tokens += int(rollout.attention_mask[minibatch].sum())
             for stats in self._summed(weighed):
                 for key, value in stats.items():
