@@ -4,6 +4,8 @@
 # torch (2.11 or newer), pytest, transformers and the project's other runtime packages, but no
 # package index: first, where PyPI is reachable, `bash benchmarks/device_wheels.sh` fills .whl/
 # with DVC, dvclive and pexpect.
+#   bash benchmarks/gpu.sh quick          # setup, the three benchmarks (fewer samples), then
+#                                         # the CUDA tests: one ten-minute call, nine minutes
 #   bash benchmarks/gpu.sh setup cuda     # the CUDA tests, and the stage tests with every stage
 #                                         # of the tiny pipeline on CUDA
 #   bash benchmarks/gpu.sh setup suite    # the whole suite on the host's CPUs
@@ -64,13 +66,25 @@ suite() {
         --ignore tests/test_docker.py --ignore tests/test_cuda.py
 }
 
-bench() {
+bench() {  # bench [quick]: quick samples less (bf16 rollouts only, fewer steps and repeats)
+    local sft="" rollout="" ppo=""
+    if [ "${1:-}" = quick ]; then
+        sft="--steps 20 --warmup 8" rollout="--dtypes bfloat16 --repeats 2" ppo="--iterations 2"
+    fi
     (
         cd benchmarks || exit 1
-        timeout "$limit" bash -c "python3 sft_mfu.py --device cuda --out '$out/sft_mfu.json' \
-            && python3 rollout_vs_hf.py --device cuda --out '$out/rollout_vs_hf.json' \
-            && python3 ppo_iteration.py --device cuda --out '$out/ppo_iteration.json'"
+        timeout "$limit" bash -c "python3 sft_mfu.py --device cuda $sft --out '$out/sft_mfu.json' \
+            && python3 rollout_vs_hf.py --device cuda $rollout --out '$out/rollout_vs_hf.json' \
+            && python3 ppo_iteration.py --device cuda $ppo --out '$out/ppo_iteration.json'"
     ) 2>&1 | tee "$out/bench.log" | grep -v "^Loading\|^Writing"
+}
+
+quick() {  # setup, the benchmarks within 45% of the step's time, the CUDA tests in the rest
+    local deadline=$((SECONDS + limit)) failed=0
+    setup || return 1
+    limit=$(((deadline - SECONDS) * 45 / 100)) bench quick || failed=1
+    limit=$((deadline - SECONDS)) cuda || failed=1
+    return $failed
 }
 
 new_profile() {  # a project of its own: the code and the profile's params, moved into place whole

@@ -6,16 +6,18 @@ The model is a GPT-2 folder with random weights loaded as the pipeline loads a u
 per step), over full 1,024-token sequences. MFU is the model FLOPs of nanoGPT's formula
 (`Shape.flops_per_token`) per second over the bf16 matrix-product peak measured on the same GPU
 in the same run (8192^3 products; on a CPU, float32 at 2048^3, for a smoke run only); the
-target is 40% of it. llm.c's about 41% on an H100 at this shape divides by the datasheet's
-989 TFLOP/s instead, which H100s here do not reach (about 800 measured), so the table also
-gives MFU against the datasheet peak where the GPU is one it knows.
+target is 48% of it and 450k tokens/s (llm.c's rate per H100 at this shape). llm.c's own
+figure, about 41%, divides by the datasheet's 989 TFLOP/s instead, which H100s here do not
+reach (about 800 measured), so the table also gives MFU against the datasheet peak where the
+GPU is one it knows.
 
 Each variant runs `--steps` steps; the first `--warmup` of them (compilation, allocator growth)
-are left out of the median step time.
-  eager     the stage as it runs today
-  compiled  the same with the model compiled (`nn.Module.compile`) before training
+are left out of the median step time. The variants are the stage's `train.compile` settings,
+each set up as the stage sets it up (`StageRun.compiled`):
+  off   eager forwards
+  auto  what the stage runs on CUDA: each block and the LM loss's chunks compiled
 
-    python benchmarks/sft_mfu.py --device cuda [--batch-size 16] [--variants eager,compiled]
+    python benchmarks/sft_mfu.py --device cuda [--batch-size 16] [--variants off,auto]
     python benchmarks/sft_mfu.py --shape tiny --steps 4 --warmup 1    # CPU smoke run
 """
 
@@ -38,7 +40,8 @@ from rlhf.models.hf import load_folder
 from rlhf.params import SFTParams
 from rlhf.train.loop import fit
 
-TARGET_MFU = 0.40
+TARGET_MFU = 0.48  # of the measured peak, by train.compile's CUDA default
+TARGET_TOKENS_PER_S = 450_000
 DATASHEET_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989.4e12, "H200": 989.4e12}  # dense
 
 
@@ -79,7 +82,7 @@ def step_seconds(
     """Seconds of each SFT step, and the tokens of one step."""
     model = load_folder(folder, device)
     if compiled:
-        model.compile()
+        model.compile_blocks()
     examples = random_examples(shape, batch * steps, seed=0)
     pad = shape.end_id
     ends: list[float] = []
@@ -118,7 +121,7 @@ def main() -> None:
         ("--batch-size", {"type": int, "default": 16}),
         ("--steps", {"type": int, "default": 30}),
         ("--warmup", {"type": int, "default": 10}),
-        ("--variants", {"default": "eager,compiled"}),
+        ("--variants", {"default": "off,auto"}),
     )
     device, shape = torch.device(args.device), SHAPES[args.shape]
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -135,7 +138,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
             seconds, tokens = step_seconds(
-                folder, shape, device, args.batch_size, args.steps, variant == "compiled"
+                folder, shape, device, args.batch_size, args.steps, variant != "off"
             )
             step_s = statistics.median(seconds[args.warmup :])
             tokens_per_s = tokens / step_s
@@ -167,9 +170,13 @@ def main() -> None:
             f"{r['variant']:10} {r['batch_size']:>6} {r['step_s']:>8.4f} {r['tokens_per_s']:>10} "
             f"{r['model_tflops']:>8} {r['mfu']:>6.1%} {by_datasheet:>13}"
         )
-    best = max(r["mfu"] for r in rows)
-    met = best >= TARGET_MFU
-    print(f"{'met' if met else 'NOT met'}: best MFU {best:.1%} against the {TARGET_MFU:.0%} target")
+    staged = next((r for r in rows if r["variant"] == "auto"), rows[-1])
+    met = staged["mfu"] >= TARGET_MFU and staged["tokens_per_s"] >= TARGET_TOKENS_PER_S
+    print(
+        f"{'met' if met else 'NOT met'}: train.compile={staged['variant']}, MFU "
+        f"{staged['mfu']:.1%} and {staged['tokens_per_s']} tokens/s against {TARGET_MFU:.0%} "
+        f"and {TARGET_TOKENS_PER_S}"
+    )
     write_result(
         args.out,
         {
@@ -182,6 +189,7 @@ def main() -> None:
             "datasheet_peak_flops": datasheet,
             "rows": rows,
             "target_mfu": TARGET_MFU,
+            "target_tokens_per_s": TARGET_TOKENS_PER_S,
             "target_met": met,
         },
     )

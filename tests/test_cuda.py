@@ -23,6 +23,9 @@ from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.train.device import autocast
 from rlhf.train.loop import fit
+from rlhf.train.optim import adamw
+
+from test_decoding import MODELS, SAMPLINGS, decode
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -124,3 +127,38 @@ def test_a_model_trained_on_cuda_in_bf16_loads_on_a_cpu_with_its_logits(tokenize
         cpu_logits, cuda_logits = on_cpu(ids), trained(ids.to(CUDA)).cpu()
     print(f"CPU vs CUDA logits of one checkpoint: {(cpu_logits - cuda_logits).abs().max():.2e}")
     torch.testing.assert_close(cpu_logits, cuda_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt", "qwen3", "gpt+lora"])
+def test_graph_decoding_samples_what_eager_decoding_samples(name, monkeypatch):
+    """The decoding step compiled and replayed as CUDA graphs (`RLHF_DECODE=graph`, the CUDA
+    default) against eager steps, float32, the same row streams: the same tokens (rows ending
+    at different steps, top-p's static draws included), log-probs within float rounding."""
+    model = MODELS[name]().to(CUDA)
+    for config in SAMPLINGS.values():
+        eager = decode(model, "eager", config, monkeypatch)
+        graphed = decode(model, "graph", config, monkeypatch)
+        assert torch.equal(graphed.tokens, eager.tokens)
+        torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_compiled_training_step_on_cuda_is_the_eager_step():
+    """`train.compile` on CUDA (blocks and the LM loss's chunks compiled) under bf16 autocast:
+    three AdamW steps give the eager steps' losses to bf16 precision."""
+    losses = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        net = GPT(GPTConfig(vocab_size=97, block_size=64, n_layer=2, n_embd=64, bias=False))
+        net = net.to(CUDA)
+        if compiled:
+            net.compile_blocks()
+        optimizer = adamw(net, 1e-3, 0.1, (0.9, 0.95))
+        ids = torch.randint(0, 97, (8, 64), generator=torch.Generator().manual_seed(1)).to(CUDA)
+        for _ in range(3):
+            optimizer.zero_grad()
+            with autocast(CUDA, bf16=True):
+                loss = sft.masked_lm_loss(net, ids[:, :-1], ids[:, 1:])
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    torch.testing.assert_close(losses[3:], losses[:3], atol=2e-2, rtol=0)

@@ -44,18 +44,23 @@ def gradients(net) -> dict[str, torch.Tensor]:
     return grads
 
 
+def both_losses(net, inputs, targets):
+    """The plain and the chunked loss of one batch, each with every parameter's gradient."""
+    results = []
+    for loss_of in (plain_loss, masked_lm_loss):
+        loss = loss_of(net, inputs, targets)
+        loss.backward()
+        results.append((loss.detach(), gradients(net)))
+    return results
+
+
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_one_chunk_is_the_plain_loss_bit_for_bit(family):
     """A batch within one chunk (every batch of the default config): the same loss and the
     same gradients, bit for bit, so the default pipeline's numbers do not move."""
-    net, (inputs, targets) = model(family), batch()
-    expected = plain_loss(net, inputs, targets)
-    expected.backward()
-    plain = gradients(net)
-    chunked = masked_lm_loss(net, inputs, targets)
-    chunked.backward()
-    assert torch.equal(chunked, expected)
-    assert all(torch.equal(grad, plain[name]) for name, grad in gradients(net).items())
+    (expected, plain), (chunked, grads) = both_losses(model(family), *batch())
+    assert torch.equal(chunked, expected) and grads.keys() == plain.keys()
+    assert all(torch.equal(grad, plain[name]) for name, grad in grads.items())
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])
@@ -64,20 +69,14 @@ def test_the_chunked_loss_is_the_plain_loss_with_its_gradients(family, monkeypat
     gradient within 1e-6 of the plain computation's; without gradients, the same loss."""
     monkeypatch.setattr(lm_loss, "CHUNK_TOKENS", 16)
     net, (inputs, targets) = model(family), batch()
-    expected = plain_loss(net, inputs, targets)
-    expected.backward()
-    plain = gradients(net)
-    chunked = masked_lm_loss(net, inputs, targets)
-    chunked.backward()
+    (expected, plain), (chunked, grads) = both_losses(net, inputs, targets)
     torch.testing.assert_close(chunked, expected, atol=1e-6, rtol=0)
-    chunked_grads = gradients(net)
-    assert chunked_grads.keys() == plain.keys()
+    assert grads.keys() == plain.keys()
     for name, grad in plain.items():
-        torch.testing.assert_close(chunked_grads[name], grad, atol=1e-6, rtol=0)
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=0)
     with torch.no_grad():
-        torch.testing.assert_close(
-            masked_lm_loss(net, inputs, targets), expected, atol=1e-6, rtol=0
-        )
+        unrecorded = masked_lm_loss(net, inputs, targets)
+    torch.testing.assert_close(unrecorded, expected, atol=1e-6, rtol=0)
 
 
 @pytest.mark.slow
@@ -100,7 +99,7 @@ def test_a_compiled_sft_step_is_the_eager_step(monkeypatch):
             loss = masked_lm_loss(net, inputs, targets)
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         trained.append(net.state_dict())
     torch.testing.assert_close(losses[3:], losses[:3], atol=1e-5, rtol=0)
     for name, weight in trained[0].items():

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, sh, use_repository_dvc_config
 
 TEMPLATE = REPO / ".dvc" / "offline-plots.html"
-PLOTS = 52  # the over-optimization scatter and the tiny project's 51 dvclive curves
+PLOTS = 56  # the over-optimization scatter and the tiny project's 55 dvclive curves
 
 
 @pytest.fixture(scope="module")
