@@ -25,10 +25,12 @@ def masked_lm_loss(model: Backbone, inputs: torch.Tensor, targets: torch.Tensor)
 def batch_loss(
     model: Backbone, examples: Sequence[Example], pad_id: int
 ) -> tuple[torch.Tensor, int]:
-    """The LM loss of one batch of demonstrations, and the real tokens it forwarded."""
+    """The LM loss of one batch of demonstrations, and the real tokens it forwarded (counted
+    on the host: no wait on the device)."""
     device = next(model.parameters()).device
-    inputs, targets = (t.to(device) for t in collate(examples, pad_id))
-    return masked_lm_loss(model, inputs, targets), int((inputs != pad_id).sum())
+    inputs, targets = collate(examples, pad_id)
+    tokens = int((inputs != pad_id).sum())
+    return masked_lm_loss(model, inputs.to(device), targets.to(device)), tokens
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ so the weights, the resume state and the stage's outputs all stay as they were b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -41,11 +41,15 @@ def non_finite(terms: Terms) -> dict[str, float]:
     return {k: v for k, v in values.items() if not math.isfinite(v)}
 
 
-def require_finite(step: int, checked: Terms, context: Terms | None = None) -> None:
+def require_finite(
+    step: int, checked: Terms, context: Terms | Callable[[], Terms] | None = None
+) -> None:
     """Raise NonFiniteError if a value in `checked` is not finite, naming it and whichever
-    of `context` (the loss's parts, its inputs) were not finite either."""
+    of `context` (the loss's parts, its inputs; a function giving them, read only then)
+    were not finite either."""
     bad = non_finite(checked)
     if bad:
+        context = context() if callable(context) else context
         raise NonFiniteError(step, bad | non_finite(context or {}))
 
 

@@ -80,16 +80,25 @@ def global_step(
     tokens: int,
     stats: dict[str, float],
     device: torch.device,
-) -> tuple[float, dict[str, float], float, int]:
+) -> tuple[float | Tensor, dict[str, float], float, int]:
     """The global batch's mean loss, mean statistics, units and tokens, from this rank's
-    means over its `units` (in one process, its own values untouched)."""
+    means over its `units` (in one process, its own values untouched, the loss still on the
+    device: it is read with the gradient norm, the step's one wait on the device)."""
     if not world.distributed:
-        return loss.item(), stats, units, tokens
+        return loss.detach(), stats, units, tokens
     local = [loss.item() * units, units, tokens, *(value * units for value in stats.values())]
     summed = sum_across(world, local, device)
     total = summed[1] or 1.0  # a global batch without a single unit (no pair): loss 0
     reduced = {key: value / total for key, value in zip(stats, summed[3:], strict=True)}
     return summed[0] / total, reduced, total, round(summed[2])
+
+
+def read_together(*values: float | Tensor) -> list[float]:
+    """Values some of which are on the device, read in one transfer: a step waits on the
+    device once, not once per value."""
+    on_device = [v.detach().float().reshape(()) for v in values if isinstance(v, Tensor)]
+    read = iter(torch.stack(on_device).tolist() if on_device else [])
+    return [next(read) if isinstance(v, Tensor) else v for v in values]
 
 
 def resume_state(
@@ -230,9 +239,11 @@ def fit(
         )
         optimizer.zero_grad(set_to_none=True)
         try:
-            require_finite(step + 1, {"train_loss": train_loss}, stats)
             globally_normalized(loss, mine / total_units, world).backward()
-            require_finite(step + 1, {"grad_norm": grad_norm(model.parameters(), opt.grad_clip)})
+            norm = grad_norm(model.parameters(), opt.grad_clip)
+            train_loss, norm = read_together(train_loss, norm)
+            require_finite(step + 1, {"train_loss": train_loss}, stats)
+            require_finite(step + 1, {"grad_norm": norm})
         except NonFiniteError as exc:
             exc.last_good = f"{resume_file} (step {saved})" if saved else exc.last_good
             raise

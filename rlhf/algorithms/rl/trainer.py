@@ -48,8 +48,8 @@ from rlhf.sampling.sampler import SamplingConfig
 from rlhf.sampling.streams import SEED_LIMIT, RowStreams
 from rlhf.train.device import autocast, rng_state, set_rng_state
 from rlhf.train.distributed import World, globally_normalized, max_across, sum_across
-from rlhf.train.guard import grad_norm, require_finite
-from rlhf.train.loop import batch_order
+from rlhf.train.guard import Terms, grad_norm, require_finite
+from rlhf.train.loop import batch_order, read_together
 from rlhf.train.optim import adamw, lr_at, set_lr
 from rlhf.train.sharding import Holder, hold
 
@@ -63,6 +63,18 @@ class Experience:
     advantages: Tensor  # [B, N]
     values: Tensor | None  # [B, N] critic values at rollout time; None without a critic
     returns: Tensor | None  # [B, N] what the critic regresses on
+
+
+# (name, weight, value): what a minibatch recorded, values still on the device until read
+Recorded = list[tuple[str, float, float | Tensor]]
+
+
+def added_up(recorded: Recorded) -> dict[str, float | Tensor]:
+    """Each statistic's weighted values added up, in the order recorded."""
+    totals: dict[str, float | Tensor] = {}
+    for key, weight, value in recorded:
+        totals[key] = totals.get(key, 0.0) + weight * value
+    return totals
 
 
 # record(weight, name=value, ...): this rank's minibatch statistics, each a mean over its
@@ -366,7 +378,7 @@ class RLTrainer:
         parts: list[tuple[Tensor, float]],
         loss_of: Callable[[Tensor, float, bool], Tensor],
         names: tuple[str, str],
-        terms: Callable[[], dict[str, float]],
+        terms: Callable[[], Terms],
     ) -> None:
         """One optimizer step on the gradients of every part (rows, share) added up:
         `loss_of(rows, share, last)` forward under autocast and backward, part by part, the
@@ -382,22 +394,26 @@ class RLTrainer:
                     loss = held.loss(loss_of, rows, share, last)
                 loss.backward()
             total = total + loss.detach()
-        loss_name, norm_name = names
-        require_finite(self.step + 1, {loss_name: self._global(total)}, terms())
         norm = grad_norm(held.model.parameters(), self.cfg.grad_clip)
+        loss, norm = read_together(total, norm)  # the step's one wait on the device
+        loss_name, norm_name = names
+        require_finite(self.step + 1, {loss_name: self._global(loss)}, terms)
         require_finite(self.step + 1, {norm_name: norm})
         optimizer.step()
 
-    def _global(self, loss: Tensor) -> float:
+    def _global(self, loss: float) -> float:
         """The minibatch's loss over every rank, from this rank's weighted part: what the
         finiteness check looks at, so that a NaN on one rank stops them all at once."""
-        return sum_across(self.world, [float(loss.detach())], self.device)[0] / self.world.size
+        return sum_across(self.world, [loss], self.device)[0] / self.world.size
 
-    def _summed(self, weighed: list[dict[str, float]]) -> list[dict[str, float]]:
-        """Minibatches' statistics over every rank: the sums of the ranks' weighted means."""
-        flat = [value for stats in weighed for value in stats.values()]
+    def _summed(self, weighed: list[Recorded]) -> list[dict[str, float]]:
+        """Minibatches' statistics over every rank: the sums of the ranks' weighted means,
+        every value of the pass read from the device at once."""
+        values = iter(read_together(*(value for stats in weighed for _, _, value in stats)))
+        weighed = [[(key, w, next(values)) for key, w, _ in stats] for stats in weighed]
+        flat = [value for stats in map(added_up, weighed) for value in stats.values()]
         summed = iter(sum_across(self.world, flat, self.device))
-        return [{key: next(summed) for key in stats} for stats in weighed]
+        return [{key: next(summed) for key in added_up(stats)} for stats in weighed]
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Passes over the rollout in shuffled minibatches: several for a clipped ratio (until
@@ -409,12 +425,13 @@ class RLTrainer:
         inputs = {"scores": exp.scores.sum(), "advantages": exp.advantages.sum()}
         started = time.perf_counter()
         totals: dict[str, list[float]] = {}  # each minibatch's statistics, over every rank
-        current: dict[str, float] = {}  # this minibatch's statistics, weighted, added up
+        current: Recorded = []  # this minibatch's statistics, as recorded
 
         def record(weight: float, **values: float | Tensor) -> None:
-            for key, value in values.items():
-                value = float(value.detach() if isinstance(value, Tensor) else value)
-                current[key] = current.get(key, 0.0) + weight * value
+            current.extend(
+                (key, weight, value.detach() if isinstance(value, Tensor) else value)
+                for key, value in values.items()
+            )
 
         clipped = isinstance(cfg, ClipParams)
         passes = cfg.update_epochs if clipped else 1
@@ -425,7 +442,7 @@ class RLTrainer:
         epochs_run = 0
         for _ in range(passes):
             order = torch.randperm(batch, generator=self.shuffle_rng).tolist()
-            weighed: list[dict[str, float]] = []  # this rank's weighted means, per minibatch
+            weighed: list[Recorded] = []  # this rank's statistics, per minibatch
             for start in starts:
                 minibatch = order[start : start + cfg.minibatch_size]
                 tokens = int(rollout.response_mask[minibatch].sum())  # what the loss averages
@@ -447,7 +464,7 @@ class RLTrainer:
                     parts,
                     lambda rows, share, last: self._minibatch_loss(exp, rows, share, record, last),
                     ("loss", "policy_grad_norm"),
-                    lambda: current | inputs,
+                    lambda: added_up(current) | inputs,
                 )
                 if self.held_critic is not None and self.critic_opt is not None:
                     self._accumulated_step(
@@ -458,7 +475,7 @@ class RLTrainer:
                         ("value_loss", "critic_grad_norm"),
                         dict,
                     )
-                weighed.append(dict(current))
+                weighed.append(list(current))
                 trained_tokens += int(rollout.attention_mask[minibatch].sum())
             for stats in self._summed(weighed):
                 for key, value in stats.items():
