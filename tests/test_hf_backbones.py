@@ -106,6 +106,28 @@ def test_unsupported_or_incomplete_folders_are_one_clear_error(pair, tmp_path):
         load_folder(broken)
 
 
+def test_sizes_in_config_json_are_checked_before_anything_is_built(pair, tmp_path):
+    """A billion layers (the memory preflight hung on it), a negative width (a traceback
+    from torch), a fraction, a string: one error naming the file and the key, at once."""
+    _, _, folder = pair
+    config = json.loads((folder / "config.json").read_text())
+    layers, width = (
+        ("n_layer", "n_embd") if "n_layer" in config else ("num_hidden_layers", "hidden_size")
+    )
+    broken = tmp_path / "m"
+    broken.mkdir()
+    for key, value in ((layers, 1_000_000_000), (width, -64), (layers, 2.5), (width, "64")):
+        (broken / "config.json").write_text(json.dumps(config | {key: value}))
+        with pytest.raises(CheckpointError, match=rf"config\.json: {key} = .*whole number"):
+            load_folder(broken)
+    heads = "n_head" if "n_head" in config else "num_attention_heads"
+    (broken / "config.json").write_text(json.dumps(config | {heads: 3}))
+    with pytest.raises(
+        CheckpointError, match=rf"config\.json: .*{heads} = 3.*multiple|multiple of {heads} = 3"
+    ):
+        load_folder(broken)
+
+
 @torch.no_grad()
 def test_an_exported_folder_reloads_in_transformers_with_the_same_logits(pair, tmp_path):
     reference, ours, _ = pair

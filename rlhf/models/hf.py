@@ -160,6 +160,46 @@ def config_of(folder: Path, block_size: int | None = None) -> tuple[str, str, di
     return model_type, name, config
 
 
+# The config.json keys that size a model, and a bound no real model reaches: a whole number
+# from 1 to the bound, checked before anything is built, so a broken or hostile file (a
+# billion layers, a negative width) is one line naming the key, not a hang or a traceback.
+SIZE_LIMITS = {
+    "vocab_size": 2**22, "n_positions": 2**21, "max_position_embeddings": 2**21,
+    "n_layer": 1024, "num_hidden_layers": 1024, "n_head": 1024, "num_attention_heads": 1024,
+    "num_key_value_heads": 1024, "n_embd": 2**16, "hidden_size": 2**16, "n_inner": 2**20,
+    "intermediate_size": 2**20, "head_dim": 2**12,
+}  # fmt: skip
+OPTIONAL_SIZES = ("n_inner", "num_key_value_heads", "head_dim")  # null means the default
+# (dividend, divisor): heads split the width (when no head_dim is given), query heads share
+# key/value heads in whole groups
+DIVISIBLE = (
+    ("n_embd", "n_head"),
+    ("hidden_size", "num_attention_heads"),
+    ("num_attention_heads", "num_key_value_heads"),
+)
+
+
+def check_sizes(path: Path, hf: dict[str, Any]) -> None:
+    """Refuse, naming the key, a size in config.json (`path`) that is not a whole number
+    within `SIZE_LIMITS`, or heads that do not divide what they split."""
+    for key, limit in SIZE_LIMITS.items():
+        value = hf.get(key)
+        if key not in hf or (value is None and key in OPTIONAL_SIZES):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise CheckpointError(
+                f"{path}: {key} = {value!r}; expected a whole number from 1 to {limit}"
+            )
+    for dividend, divisor in DIVISIBLE:
+        if dividend == "hidden_size" and hf.get("head_dim"):
+            continue  # Qwen3 sets the head width apart from the model's
+        if hf.get(dividend) and hf.get(divisor) and hf[dividend] % hf[divisor]:
+            raise CheckpointError(
+                f"{path}: {dividend} = {hf[dividend]} is not a multiple of "
+                f"{divisor} = {hf[divisor]}"
+            )
+
+
 def _converted_config(folder: Path) -> tuple[str, str, dict[str, Any]]:
     hf = read_config(folder)
     model_type = hf.get("model_type")
@@ -168,6 +208,7 @@ def _converted_config(folder: Path) -> tuple[str, str, dict[str, Any]]:
             f"{folder / CONFIG_FILE}: model_type {model_type!r} is not supported; "
             f"supported: {', '.join(FAMILIES)}"
         )
+    check_sizes(folder / CONFIG_FILE, hf)
     try:
         return model_type, *FAMILIES[model_type][0](hf)
     except (KeyError, ValueError) as exc:
