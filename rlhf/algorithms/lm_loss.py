@@ -68,29 +68,37 @@ def target_count(targets: Tensor) -> Tensor:
     return (targets != IGNORE_INDEX).sum().clamp(min=1).float()
 
 
+def chunked(
+    hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms, for_hidden: bool,
+    for_weight: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
+    """The mean loss over every chunk, and its gradients for `hidden` and `weight` where
+    asked (made chunk by chunk, each as soon as its loss is)."""
+    count = target_count(targets)
+    scale = 1.0 / count  # each token's share of the mean's gradient, as the plain one
+    total = hidden.new_zeros((), dtype=torch.float32)
+    grad_hidden = torch.zeros_like(hidden) if for_hidden else None
+    grad_weight = torch.zeros_like(weight) if for_weight else None
+    for start in range(0, hidden.shape[0], CHUNK_TOKENS):
+        chunk = slice(start, start + CHUNK_TOKENS)
+        loss, chunk_hidden, chunk_weight = terms(
+            hidden[chunk], weight, targets[chunk], scale, for_hidden, for_weight
+        )
+        total = total + loss
+        if grad_hidden is not None:
+            grad_hidden[chunk] = chunk_hidden
+        if grad_weight is not None:
+            grad_weight += chunk_weight
+    return total / count, grad_hidden, grad_weight
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of `hidden @ weight.T` whose gradients are made in the forward."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms) -> Tensor:
-        for_hidden, for_weight = ctx.needs_input_grad[:2]
-        count = target_count(targets)
-        scale = 1.0 / count  # each token's share of the mean's gradient, as the plain one
-        total = hidden.new_zeros((), dtype=torch.float32)
-        grad_hidden = torch.zeros_like(hidden) if for_hidden else None
-        grad_weight = torch.zeros_like(weight) if for_weight else None
-        for start in range(0, hidden.shape[0], CHUNK_TOKENS):
-            chunk = slice(start, start + CHUNK_TOKENS)
-            loss, chunk_hidden, chunk_weight = terms(
-                hidden[chunk], weight, targets[chunk], scale, for_hidden, for_weight
-            )
-            total = total + loss
-            if grad_hidden is not None:
-                grad_hidden[chunk] = chunk_hidden
-            if grad_weight is not None:
-                grad_weight += chunk_weight
-        ctx.grads = (grad_hidden, grad_weight)
-        return total / count
+        loss, *ctx.grads = chunked(hidden, weight, targets, terms, *ctx.needs_input_grad[:2])
+        return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
@@ -108,11 +116,8 @@ def linear_cross_entropy(
 ) -> Tensor:
     """Mean next-token cross-entropy of the logits `hidden @ weight.T` (hidden [N, C], the
     head's weight [V, C]) against `targets` [N], over the targets that are not IGNORE_INDEX;
-    `terms`: `chunk_terms`, or a compiled version of it."""
+    `terms`: `chunk_terms`, or a compiled version of it. Without autograd (validation) no
+    gradient is made."""
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(hidden, weight, targets, terms)
-    total = hidden.new_zeros((), dtype=torch.float32)
-    for start in range(0, hidden.shape[0], CHUNK_TOKENS):
-        chunk = slice(start, start + CHUNK_TOKENS)
-        total = total + terms(hidden[chunk], weight, targets[chunk], total, False, False)[0]
-    return total / target_count(targets)
+    return chunked(hidden, weight, targets, terms, False, False)[0]

@@ -217,8 +217,8 @@ def generate(
         run_steps(
             lambda: step(model, cache, state, constants), steps - 1, state.finished, mode == "graph"
         )
-    if before is not None:  # the steps a row still sampled in, as stopping at once leaves it
-        settle(generator, before, batch, int(state.mask.sum(-1).max()), draws, device)
+    if shared is not None and before is not None:  # as stopping at once leaves it
+        settle(shared, before, int(state.mask.sum(-1).max()) * draws * batch)
     return Generation(
         prompt=prompt,
         prompt_mask=prompt_mask,

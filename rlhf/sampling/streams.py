@@ -57,14 +57,10 @@ def uniform_table(
     return table.permute(2, 0, 1).to(device)
 
 
-def settle(
-    source: RandomSource, state: Tensor, batch: int, steps: int, draws: int, device: torch.device
-) -> None:
-    """Leave a shared generator, whose state before `uniform_table` was `state`, as if only
-    the first `steps` decoding steps had drawn: a generation that ends early then leaves the
-    generator where it always did, so the next batch draws what it always drew."""
-    if isinstance(source, RowStreams):
-        return  # a row's stream serves one generation
-    generator = shared_generator(source, device)
+def settle(generator: torch.Generator, state: Tensor, count: int) -> None:
+    """Leave a shared `generator`, whose state before `uniform_table` was `state`, as if only
+    `count` uniforms had been drawn (the decoding steps that sampled): a generation that ends
+    early then leaves it where step-by-step draws did, so the next batch draws what it always
+    drew."""
     generator.set_state(state)
-    torch.rand(steps * draws * batch, generator=generator, device=generator.device)
+    torch.rand(count, generator=generator, device=generator.device)

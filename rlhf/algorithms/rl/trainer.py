@@ -410,10 +410,9 @@ class RLTrainer:
         """Minibatches' statistics over every rank: the sums of the ranks' weighted means,
         every value of the pass read from the device at once."""
         values = iter(read_together(*(value for stats in weighed for _, _, value in stats)))
-        weighed = [[(key, w, next(values)) for key, w, _ in stats] for stats in weighed]
-        flat = [value for stats in map(added_up, weighed) for value in stats.values()]
-        summed = iter(sum_across(self.world, flat, self.device))
-        return [{key: next(summed) for key in added_up(stats)} for stats in weighed]
+        means = [added_up([(key, w, next(values)) for key, w, _ in stats]) for stats in weighed]
+        summed = iter(sum_across(self.world, [v for m in means for v in m.values()], self.device))
+        return [{key: next(summed) for key in m} for m in means]
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Passes over the rollout in shuffled minibatches: several for a clipped ratio (until
@@ -437,6 +436,7 @@ class RLTrainer:
         passes = cfg.update_epochs if clipped else 1
         rollout, batch = exp.rollout, exp.rollout.sequences.shape[0]
         lengths = rollout.attention_mask.sum(-1).tolist()  # the tokens each row forwards
+        answered = rollout.response_mask.sum(-1).tolist()  # the tokens each row's loss counts
         starts = range(0, batch, cfg.minibatch_size)
         trained_tokens = 0
         epochs_run = 0
@@ -445,13 +445,11 @@ class RLTrainer:
             weighed: list[Recorded] = []  # this rank's statistics, per minibatch
             for start in starts:
                 minibatch = order[start : start + cfg.minibatch_size]
-                tokens = int(rollout.response_mask[minibatch].sum())  # what the loss averages
+                tokens = sum(answered[row] for row in minibatch)  # what the loss averages
                 parts = [
                     (
                         torch.tensor(part.rows, device=self.device),
-                        int(rollout.response_mask[part.rows].sum()) / tokens
-                        if part.counts
-                        else 0.0,
+                        sum(answered[row] for row in part.rows) / tokens if part.counts else 0.0,
                     )
                     for part in microbatches(
                         world, minibatch, lengths, self.shared.microbatch_tokens
@@ -476,7 +474,7 @@ class RLTrainer:
                         dict,
                     )
                 weighed.append(list(current))
-                trained_tokens += int(rollout.attention_mask[minibatch].sum())
+                trained_tokens += sum(lengths[row] for row in minibatch)
             for stats in self._summed(weighed):
                 for key, value in stats.items():
                     totals.setdefault(key, []).append(value)
