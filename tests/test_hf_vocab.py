@@ -13,6 +13,7 @@ import json
 import pickle
 import random
 import shutil
+import time
 import unicodedata
 from datetime import date
 from pathlib import Path
@@ -794,7 +795,7 @@ def test_the_date_a_template_asks_for_can_be_pinned():
         (
             "{% if messages[0]['role'] != 'system' %}{{ raise_exception('System first!') }}"
             "{% endif %}",
-            "fails to render one user turn",
+            "raises an error: System first!",
         ),
         ("{% for m in messages %}{{ m.content }}\n{% endfor %}", "no special token closes"),
         ("{{ messages[0].content }}{{ messages[0].content }}", "2 times instead of once"),
@@ -802,5 +803,47 @@ def test_the_date_a_template_asks_for_can_be_pinned():
     ],
 )
 def test_unframeable_templates_point_to_the_builtin_frames(template, reason):
-    with pytest.raises(ValueError, match=rf"{reason}.*pick a built-in frame instead \(chatml"):
-        frame_from_template(template, bos=None, eos=None, special_tokens=QWEN_SPECIALS)
+    expected = rf"^x/chat_template.jinja: .*{reason}.*a built-in frame instead \(chatml"
+    with pytest.raises(CheckpointError, match=expected):
+        frame_from_template(
+            template, bos=None, eos=None, special_tokens=QWEN_SPECIALS,
+            source="x/chat_template.jinja",
+        )  # fmt: skip
+
+
+HOSTILE_TEMPLATES = {
+    "mro escape": ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError"),
+    "globals escape": ("{{ cycler.__init__.__globals__.os.popen('id').read() }}", "unsafe"),
+    "format escape": ("{{ '{0.__class__.__base__}'.format('') }}", "unsafe"),
+    "attr filter escape": ("{{ ''|attr('__class__') }}", "0 times instead of once"),
+    "loader escape": ("{{ self._TemplateReference__context.cycler.__init__ }}", "unsafe"),
+    "joiner escape": ("{{ joiner.__init__.__globals__.__builtins__ }}", "unsafe"),
+    "namespace escape": ("{{ namespace.__init__.__globals__.os }}", "unsafe"),
+    "syntax error": ("{% for m in messages %}", "not valid Jinja"),
+    "no closing token": ("{% for m in messages %}{{ m.content }}{% endfor %}", "no special token"),
+    "endless loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "takes longer than 5 s",
+    ),
+    "ten gigabytes": ("{{ 'x' * 10**10 }}", "needs more than 1024 MiB"),
+    "ten megabytes": ("{{ 'x' * 10**7 }}", "renders more than 100,000 characters"),
+    "endless recursion": ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_TEMPLATES)
+def test_a_hostile_template_is_one_error_naming_its_file_in_bounded_time(name, tmp_path):
+    """Nothing escapes the sandbox, nothing hangs or exhausts memory: every case is one
+    CheckpointError naming the file, within the sandbox's time limit."""
+    template, reason = HOSTILE_TEMPLATES[name]
+    start = time.monotonic()
+    with pytest.raises(CheckpointError) as refused:
+        frame_from_template(
+            template, bos=None, eos="<|im_end|>", special_tokens=QWEN_SPECIALS,
+            source="m/chat_template.jinja",
+        )  # fmt: skip
+    assert time.monotonic() - start < 10
+    message = str(refused.value)
+    assert message.startswith("m/chat_template.jinja: the chat template cannot frame")
+    assert reason in message and "\n" not in message
+    assert not (tmp_path / "pwned").exists()

@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from rlhf.data.schemas import SFT_SCHEMA, read_rows
 from rlhf.errors import ResourceError
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.models.registry import build
 from rlhf.params import OptimParams
 from rlhf.stages import dpo
 from rlhf.stages.entry import DEBUG_ENV
@@ -259,6 +261,38 @@ def test_the_preflight_prices_sharded_and_adapted_models_as_they_are_held():
     assert weights(Workload(trained=1, sharded_over=8)) == 16 * params // 8 + 4 * params
     assert weights(Workload(trained=0, adapted=1, frozen_bf16=True)) == 4 * params
     assert weights(Workload(trained=0, frozen=1, frozen_bf16=True)) == 2 * params
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize(
+    ("backbone", "shape"),
+    [
+        ("gpt", {"vocab_size": 400, "block_size": 64, "n_layer": 7, "n_head": 2, "n_embd": 48}),
+        ("llama", {"vocab_size": 300, "block_size": 96, "n_layer": 5, "n_head": 4,
+                   "n_kv_head": 2, "n_embd": 64, "tie_embeddings": False}),
+    ],
+)  # fmt: skip
+def test_the_preflight_counts_what_the_whole_model_built_on_meta_holds(
+    backbone, shape, checkpointed
+):
+    """The estimate extrapolates from one and two blocks; built whole, the model agrees."""
+    with torch.device("meta"):
+        model = build(backbone, shape)
+    model.activation_checkpointing = checkpointed
+    params = sum(p.numel() for p in model.parameters())
+    seq_len = model.max_seq_len
+    per_token = model.activation_floats(seq_len)
+    work = Workload(trained=1, frozen=2, sequences=3, sampled=5, checkpointed=checkpointed)
+    whole = 16 * params + 8 * params + 4 * seq_len * (3 * per_token + 5 * model.cache_floats())
+    assert estimate_bytes(backbone, shape, work) == whole
+
+
+def test_the_preflight_takes_constant_time_whatever_the_depth():
+    deep = {"vocab_size": 400, "block_size": 64, "n_layer": 10**9, "n_head": 2, "n_embd": 48}
+    start = time.monotonic()
+    with pytest.raises(ResourceError, match="n_layer 1000000000"):
+        preflight("sft", "gpt", deep, Workload(sequences=1), torch.device("cpu"))
+    assert time.monotonic() - start < 5
 
 
 def test_a_model_too_big_for_the_machine_is_refused_in_one_line(trained_project, tmp_path):

@@ -14,15 +14,12 @@ placeholder contents, shows where the prompt and the answer land and so gives th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import NoReturn
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from rlhf.data.template_sandbox import TemplateFailure, render
+from rlhf.errors import CheckpointError
 
 # Placeholders without whitespace or markup, so that templates that trim or inspect the content
 # (Llama-3's `| trim`, Qwen3's `<think>` and `<tool_response>` checks) leave them as they are.
@@ -61,85 +58,60 @@ def frame_from_template(
     eos: str | None,
     special_tokens: Iterable[str],
     today: date | None = None,
+    source: str = "chat template",
 ) -> ChatFrame:
     """Frame one user turn and one answer as `template` renders them.
 
     `today` is the date the template's `strftime_now` reports (Llama-3.2 puts it in the system
     header); pin it to keep the frame, and so every tokenized row, reproducible. It defaults to
-    the current date, as in transformers. A template that cannot render a lone user turn, or that
-    does not close the answer with a special token, raises ValueError.
+    the current date, as in transformers. The template is untrusted: it renders in a bounded
+    sandbox (`template_sandbox`). One that cannot render a lone user turn, that does not close
+    the answer with a special token, or that passes the sandbox's bounds raises a
+    CheckpointError naming `source`, the file it came from.
     """
-    environment = _environment(today or datetime.now().date())
+    user = {"role": "user", "content": PROMPT_PLACEHOLDER}
+    answer = {"role": "assistant", "content": ANSWER_PLACEHOLDER}
     try:
-        program = environment.from_string(template)
-    except jinja2.TemplateSyntaxError as exc:
-        raise _unframeable(f"it is not valid Jinja ({exc})") from None
-    try:
-        user = {"role": "user", "content": PROMPT_PLACEHOLDER}
-        answer = {"role": "assistant", "content": ANSWER_PLACEHOLDER}
-        generation = _render(program, [user], add_generation_prompt=True, bos=bos, eos=eos)
-        finished = _render(program, [user, answer], add_generation_prompt=False, bos=bos, eos=eos)
-    except jinja2.TemplateError as exc:
-        raise _unframeable(f"it fails to render one user turn and its answer ({exc})") from None
-    prefix, infix = _split_at_placeholder(generation, PROMPT_PLACEHOLDER)
-    if not finished.startswith(prefix + PROMPT_PLACEHOLDER):
-        raise _unframeable("it renders the user turn differently once an answer follows")
-    _, after_answer = _split_at_placeholder(finished, ANSWER_PLACEHOLDER)
-    return ChatFrame(prefix=prefix, infix=infix, end=_closing_token(after_answer, special_tokens))
+        generation, finished = render(
+            template,
+            [
+                _context([user], add_generation_prompt=True, bos=bos, eos=eos),
+                _context([user, answer], add_generation_prompt=False, bos=bos, eos=eos),
+            ],
+            today or datetime.now().date(),
+        )
+        prefix, infix = _split_at_placeholder(generation, PROMPT_PLACEHOLDER)
+        if not finished.startswith(prefix + PROMPT_PLACEHOLDER):
+            raise TemplateFailure("it renders the user turn differently once an answer follows")
+        _, after_answer = _split_at_placeholder(finished, ANSWER_PLACEHOLDER)
+        end = _closing_token(after_answer, special_tokens)
+    except TemplateFailure as exc:
+        raise CheckpointError(
+            f"{source}: the chat template cannot frame one prompt and its answer: {exc}; set "
+            f"tokenizer.chat_template to a built-in frame instead ({', '.join(BUILTIN_FRAMES)})"
+        ) from None
+    return ChatFrame(prefix=prefix, infix=infix, end=end)
 
 
-def _environment(today: date) -> ImmutableSandboxedEnvironment:
-    """The Jinja environment transformers compiles chat templates in (`_compile_jinja_template`)."""
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    environment.filters["tojson"] = _tojson
-    environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = lambda pattern: today.strftime(pattern)
-    return environment
-
-
-def _tojson(
-    value: object,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """transformers' tojson: unlike Jinja's own, it does not escape HTML characters."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _raise_exception(message: str) -> NoReturn:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _render(
-    program: jinja2.Template,
-    messages: list[dict[str, str]],
-    *,
-    add_generation_prompt: bool,
-    bos: str | None,
-    eos: str | None,
-) -> str:
-    """Render as apply_chat_template does: no tools or documents, thinking off (Qwen3), and only
-    the special tokens the tokenizer has (an unset one is undefined, not None)."""
+def _context(
+    messages: list[dict[str, str]], *, add_generation_prompt: bool, bos: str | None, eos: str | None
+) -> dict[str, object]:
+    """What apply_chat_template renders with: no tools or documents, thinking off (Qwen3), and
+    only the special tokens the tokenizer has (an unset one is undefined, not None)."""
     tokens = {"bos_token": bos, "eos_token": eos}
-    return program.render(
-        messages=messages,
-        tools=None,
-        documents=None,
-        add_generation_prompt=add_generation_prompt,
-        enable_thinking=False,
+    return {
+        "messages": messages,
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": add_generation_prompt,
+        "enable_thinking": False,
         **{name: token for name, token in tokens.items() if token is not None},
-    )
+    }
 
 
 def _split_at_placeholder(text: str, placeholder: str) -> tuple[str, str]:
     if text.count(placeholder) != 1:
-        raise _unframeable(
+        raise TemplateFailure(
             f"it renders a message's content {text.count(placeholder)} times instead of once"
         )
     before, after = text.split(placeholder)
@@ -150,14 +122,7 @@ def _closing_token(after_answer: str, special_tokens: Iterable[str]) -> str:
     """The special token the answer ends with; the longest, should one be a prefix of another."""
     closing = [token for token in special_tokens if token and after_answer.startswith(token)]
     if not closing:
-        raise _unframeable(
+        raise TemplateFailure(
             f"no special token closes the answer (it is followed by {after_answer[:20]!r})"
         )
     return max(closing, key=len)
-
-
-def _unframeable(reason: str) -> ValueError:
-    return ValueError(
-        f"the chat template cannot be used as a frame around one prompt and one answer: "
-        f"{reason}; pick a built-in frame instead ({', '.join(BUILTIN_FRAMES)})"
-    )

@@ -84,6 +84,7 @@ class PretrainedVocabulary:
     pad: str | None
     chat_template: str | None
     normalization: str | None = None
+    chat_template_file: Path | None = None  # where chat_template was read, for messages
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def read_vocabulary(folder: str | Path) -> PretrainedVocabulary:
         ranks=source.ranks,
         pat_str=source.pat_str,
         special_tokens=source.special_tokens,
-        chat_template=_chat_template(folder, config),
+        **_chat_template(folder, config),
         normalization=source.normalization,
         **roles,
     )
@@ -161,10 +162,17 @@ def _read_source(folder: Path, config: dict) -> _Source:
     )
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text ({exc})") from None
+
+
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
@@ -524,13 +532,20 @@ def _role(config: dict, role: str, source: _Source, path: Path) -> str | None:
     return token
 
 
-def _chat_template(folder: Path, config: dict) -> str | None:
+def _chat_template(folder: Path, config: dict) -> dict[str, str | Path | None]:
     """chat_template.jinja (newer transformers writes it) over tokenizer_config.json's
-    chat_template, which is a string or a list of {name, template} (then "default")."""
+    chat_template, which is a string or a list of {name, template} (then "default"); with
+    the file it came from."""
     if (folder / TEMPLATE_FILE).is_file():
-        return (folder / TEMPLATE_FILE).read_text(encoding="utf-8")
-    template = config.get("chat_template")
+        path = folder / TEMPLATE_FILE
+        return {"chat_template": _read_text(path), "chat_template_file": path}
+    path, template = folder / CONFIG_JSON, config.get("chat_template")
     if isinstance(template, list):
-        named = {entry.get("name"): entry.get("template") for entry in template}
-        return named.get("default")
-    return template
+        named = {e.get("name"): e.get("template") for e in template if isinstance(e, dict)}
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise CheckpointError(
+            f"{path}: chat_template is {type(template).__name__}, not a template (a string, or "
+            "a list of {name, template} with one named 'default')"
+        )
+    return {"chat_template": template, "chat_template_file": path if template else None}

@@ -104,6 +104,7 @@ def pretrained_frame(vocab: PretrainedVocabulary, chat_template: str) -> tuple[C
         frame = frame_from_template(
             vocab.chat_template, bos=vocab.bos, eos=vocab.eos,
             special_tokens=vocab.special_tokens, today=TEMPLATE_DATE,
+            source=str(vocab.chat_template_file),
         )  # fmt: skip
     else:
         frame = BUILTIN_FRAMES["plain"]

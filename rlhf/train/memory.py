@@ -2,20 +2,24 @@
 
 A model or batch too large for the machine otherwise ends with the kernel's OOM killer (no
 message, sometimes a frozen host) or a CUDA out-of-memory error deep in a step. The estimate
-needs no allocation: the backbone is built on the `meta` device, which records shapes only.
-It is an estimate, deliberately on the high side of what training takes in fp32 with AdamW.
+needs no allocation and takes constant time whatever the model's depth: the backbone is built
+on the `meta` device (shapes only) with one and with two blocks, and every count, linear in
+the number of blocks, is extrapolated to the configured depth. It is an estimate, deliberately
+on the high side of what training takes in fp32 with AdamW.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlhf.errors import ResourceError
+from rlhf.models.backbone import Backbone
 from rlhf.models.registry import build
 
 TRAINED_BYTES_PER_PARAM = 16  # fp32 weight, gradient and AdamW's two moments
@@ -25,7 +29,7 @@ FLOAT_BYTES = 4
 GIB = 2**30
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Workload:
     """What a stage holds at once: models by role, and the sequences (each counted at the
     model's full context) of its largest training step and of its sampling batch."""
@@ -41,10 +45,8 @@ class Workload:
 
 
 def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int:
-    with torch.device("meta"):
-        model = build(backbone, config)
-    model.activation_checkpointing = work.checkpointed
-    params = sum(p.numel() for p in model.parameters())
+    model = Extrapolated.of(backbone, config, work.checkpointed)
+    params = model.count(lambda m: sum(p.numel() for p in m.parameters()))
     frozen = FROZEN_BF16_BYTES_PER_PARAM if work.frozen_bf16 else FROZEN_BYTES_PER_PARAM
     trained = TRAINED_BYTES_PER_PARAM * work.trained
     if work.sharded_over > 1 and work.trained:
@@ -54,10 +56,35 @@ def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int
     weights = round(
         params * (trained + frozen * work.frozen + FROZEN_BYTES_PER_PARAM * work.adapted)
     )
-    seq_len = model.max_seq_len
-    activations = work.sequences * seq_len * model.activation_floats(seq_len)
-    cache = work.sampled * seq_len * model.cache_floats()
+    seq_len = model.one_block.max_seq_len
+    activations = work.sequences * seq_len * model.count(lambda m: m.activation_floats(seq_len))
+    cache = work.sampled * seq_len * model.count(lambda m: m.cache_floats())
     return weights + FLOAT_BYTES * (activations + cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class Extrapolated:
+    """A model's counts at its configured depth, from its one-block and two-block versions
+    on `meta`: every count the estimate takes is linear in the number of blocks."""
+
+    one_block: Backbone
+    two_blocks: Backbone
+    layers: int
+
+    @classmethod
+    def of(cls, backbone: str, config: dict[str, Any], checkpointed: bool) -> Extrapolated:
+        shallow = []
+        for layers in (1, 2):
+            with torch.device("meta"):
+                model = build(backbone, {**config, "n_layer": layers})
+            model.activation_checkpointing = checkpointed
+            shallow.append(model)
+        default = {f.name: f.default for f in dataclasses.fields(shallow[0].config_class)}
+        return cls(*shallow, layers={**default, **config}["n_layer"])
+
+    def count(self, of: Callable[[Backbone], int]) -> int:
+        one, two = of(self.one_block), of(self.two_blocks)
+        return one + (self.layers - 1) * (two - one)
 
 
 def available_bytes(device: torch.device) -> int:
