@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -17,7 +18,7 @@ from rlhf.data.comparisons import EncodedGroup, encode_groups, ranking_pairs
 from rlhf.data.tokenizer import save_tokenizer
 from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.models.gpt import GPT, GPTConfig
-from rlhf.synthetic.labelers import disagreement, noise_scale, rank_with_noise
+from rlhf.synthetic.labelers import disagreement, rank_with_noise
 from rlhf.train.loop import batch_order
 
 
@@ -123,7 +124,7 @@ def test_scoring_is_batch_independent_and_normalization_centres(model, tok):
 def test_labeler_noise_hits_its_target_and_large_margins_flip_less():
     gen = torch.Generator().manual_seed(0)
     gold = (torch.rand(3000, 4, generator=gen) * 10).round() / 10
-    labels = rank_with_noise(gold.tolist(), noise_scale(gold.tolist(), 0.25, seed=1), seed=1)
+    labels = rank_with_noise(gold.tolist(), 0.25, seed=1)
     assert labels.flip_share == pytest.approx(0.25, abs=0.002)
     assert all(sorted(r) == [0, 1, 2, 3] for r in labels.ranks)
     flips = {"small": [], "large": []}
@@ -134,9 +135,28 @@ def test_labeler_noise_hits_its_target_and_large_margins_flip_less():
                     bucket = "large" if abs(g[i] - g[j]) >= 0.5 else "small"
                     flips[bucket].append((g[i] > g[j]) != (r[i] < r[j]))
     assert sum(flips["large"]) / len(flips["large"]) < sum(flips["small"]) / len(flips["small"])
-    clean = rank_with_noise(gold.tolist(), noise_scale(gold.tolist(), 0.0, seed=1), seed=1)
+    clean = rank_with_noise(gold.tolist(), 0.0, seed=1)
     flips, ties = disagreement(gold.tolist(), labels.ranks)
     assert clean.flip_share == 0.0 and flips == labels.flip_share and 0 < ties < 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("rows", "target"), [(12, 0.25), (150, 0.25), (900, 0.1), (400, 0.4)])
+def test_the_realised_flip_share_is_the_target_on_any_data(rows, target, seed):
+    """Calibrated on the draws the ranking uses: the flip share among each row's sampled
+    answers (the first ones; mismatched answers follow) is the target up to one pair."""
+    gen = torch.Generator().manual_seed(seed)
+    sampled = torch.randint(2, 5, (rows,), generator=gen).tolist()
+    extra = torch.randint(0, 3, (rows,), generator=gen).tolist()
+    gold = [
+        ((torch.rand(n + m, generator=gen) * 10).round() / 10).tolist()
+        for n, m in zip(sampled, extra, strict=True)
+    ]
+    labels = rank_with_noise(gold, target, seed, calibrated_on=sampled)
+    own = [row[:n] for row, n in zip(gold, sampled, strict=True)]
+    flips, _ = disagreement(own, [r[:n] for r, n in zip(labels.ranks, sampled, strict=True)])
+    distinct = sum(a != b for row in own for a, b in itertools.combinations(row, 2))
+    assert abs(flips - target) <= 1 / distinct + 1e-4
 
 
 def test_disagreement_by_hand():

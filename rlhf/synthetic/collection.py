@@ -25,7 +25,7 @@ from rlhf.models.backbone import Backbone
 from rlhf.params import CollectParams
 from rlhf.sampling.generate import generate_texts
 from rlhf.sampling.sampler import SamplingConfig
-from rlhf.synthetic.labelers import disagreement, noise_scale, rank_with_noise
+from rlhf.synthetic.labelers import disagreement, rank_with_noise
 from rlhf.synthetic.tasks import gold_score
 
 Rows = list[dict[str, Any]]
@@ -144,8 +144,7 @@ def label(rows: Rows, sampled: list[int], c: CollectParams, seed: int) -> dict[s
     for row in rows:
         row["gold_scores"] = row.pop("scores")
     own = [r["gold_scores"][:n] for r, n in zip(rows, sampled, strict=True)]
-    scale = noise_scale(own, c.label_noise, seed)
-    labels = rank_with_noise([r["gold_scores"] for r in rows], scale, seed)
+    labels = rank_with_noise([r["gold_scores"] for r in rows], c.label_noise, seed, sampled)
     for row, ranks in zip(rows, labels.ranks, strict=True):
         row["ranks"] = ranks
     flips, ties = disagreement(own, [r["ranks"][:n] for r, n in zip(rows, sampled, strict=True)])

@@ -9,7 +9,7 @@ do for people. Gold ties are broken at random and recorded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -34,11 +34,12 @@ def _flip_share(gold: torch.Tensor, noisy: torch.Tensor) -> float:
     return float(disagree[distinct].float().mean())
 
 
-def _pairs(sizes: Sequence[int]) -> torch.Tensor:
-    """[P, 2] flat indices of every within-row pair."""
+def _pairs(sizes: Sequence[int], counted: Sequence[int]) -> torch.Tensor:
+    """[P, 2] flat indices of every within-row pair among each row's first `counted` responses
+    (rows hold `sizes` responses)."""
     pair_index, offset = [], 0
-    for size in sizes:
-        pair_index += [(offset + i, offset + j) for i, j in combinations(range(size), 2)]
+    for size, count in zip(sizes, counted, strict=True):
+        pair_index += [(offset + i, offset + j) for i, j in combinations(range(count), 2)]
         offset += size
     return torch.tensor(pair_index, dtype=torch.long).reshape(-1, 2)
 
@@ -50,48 +51,65 @@ def _draws(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return normal, torch.rand(n, generator=generator, dtype=torch.float64) * 1e-9
 
 
-def noise_scale(gold_scores: Sequence[Sequence[float]], target_flip: float, seed: int) -> float:
-    """The noise std at which labelers rank `target_flip` of these rows' pairs against gold."""
-    if target_flip <= 0:
-        return 0.0
-    gold = torch.tensor([s for row in gold_scores for s in row], dtype=torch.float64)
-    normal, _ = _draws(len(gold), seed)
-    index = _pairs([len(row) for row in gold_scores])
+def rank_with_noise(
+    gold_scores: Sequence[Sequence[float]],
+    target_flip: float,
+    seed: int,
+    calibrated_on: Sequence[int] | None = None,
+) -> Labels:
+    """Rank each row by gold score plus Gaussian noise, its std set so that these very draws
+    rank `target_flip` of the calibration pairs against gold: the pairs among each row's first
+    `calibrated_on[i]` responses (every pair when None).
 
-    def share(scale: float) -> float:
-        return _flip_share(gold[index], (gold + scale * normal)[index])
-
-    low, high = 0.0, 1.0
-    while share(high) < target_flip and high < 1e6:
-        high *= 2
-    scale = 0.0
-    for _ in range(50):  # bisection: the flip share grows with the noise scale
-        scale = (low + high) / 2
-        low, high = (scale, high) if share(scale) < target_flip else (low, scale)
-    return scale
-
-
-def rank_with_noise(gold_scores: Sequence[Sequence[float]], scale: float, seed: int) -> Labels:
-    """Rank each row by gold score plus Gaussian noise of std `scale`."""
+    Calibrating on the draws the ranking uses makes the realised flip share the target up to
+    one pair in P, whatever the data or the device; calibrating on other draws (the calibration
+    set's own) only matched it on average, and drifted with the data.
+    """
     sizes = [len(row) for row in gold_scores]
     gold = torch.tensor([s for row in gold_scores for s in row], dtype=torch.float64)
     normal, tie_break = _draws(len(gold), seed)
-    noisy = gold + scale * normal + tie_break
-    index = _pairs(sizes)
 
+    def noisy(scale: float) -> torch.Tensor:
+        return gold + scale * normal + tie_break
+
+    calibration = _pairs(sizes, sizes if calibrated_on is None else calibrated_on)
+    scale = _noise_scale(gold[calibration], lambda scale: noisy(scale)[calibration], target_flip)
+    scores = noisy(scale)
     ranks, offset = [], 0
     for size in sizes:
-        order = torch.argsort(noisy[offset : offset + size], descending=True).tolist()
+        order = torch.argsort(scores[offset : offset + size], descending=True).tolist()
         row = [0] * size
         for rank, position in enumerate(order):
             row[position] = rank
         ranks.append(row)
         offset += size
+    every_pair = _pairs(sizes, sizes)
     return Labels(
         ranks=ranks,
-        flip_share=round(_flip_share(gold[index], noisy[index]), 4),
+        flip_share=round(_flip_share(gold[every_pair], scores[every_pair]), 4),
         noise_scale=round(scale, 6),
     )
+
+
+def _noise_scale(
+    gold: torch.Tensor, noisy: Callable[[float], torch.Tensor], target_flip: float
+) -> float:
+    """The noise std at which `noisy(std)` orders `target_flip` of the pairs against `gold`
+    (both [P, 2]), by bisection: the flip share grows with the std."""
+    if target_flip <= 0:
+        return 0.0
+
+    def share(scale: float) -> float:
+        return _flip_share(gold, noisy(scale))
+
+    low, high = 0.0, 1.0
+    while share(high) < target_flip and high < 1e6:
+        high *= 2
+    scale = 0.0
+    for _ in range(50):
+        scale = (low + high) / 2
+        low, high = (scale, high) if share(scale) < target_flip else (low, scale)
+    return scale
 
 
 def disagreement(
