@@ -269,7 +269,7 @@ def generate(
     """Answer prompts with a policy checkpoint: batched, with the KV cache."""
     import torch
 
-    from rlhf.data.importers import read_lines
+    from rlhf.data.importers import read_prompts
     from rlhf.data.tokenizer import load_tokenizer
     from rlhf.models import checkpoint
     from rlhf.sampling.generate import generate_texts
@@ -278,7 +278,7 @@ def generate(
 
     prompts = list(prompt or [])
     if file is not None:
-        prompts += [line for line in read_lines(file) if line.strip()]
+        prompts += read_prompts(file)
     if not prompts:
         raise typer.BadParameter("give --prompt or --file")
     target = resolve_device(device)
@@ -359,9 +359,19 @@ def import_data(
     force: Annotated[
         bool, typer.Option("--force", help="Replace the output file if it exists.")
     ] = False,
+    skip_bad_rows: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad-rows",
+            help="Import the valid rows, and write the others with their reasons beside the "
+            "output (sft.rejected.jsonl beside sft.parquet), instead of stopping at the first "
+            "bad row.",
+        ),
+    ] = False,
 ) -> None:
     """Validate your own data row by row and write it where the pipeline reads it."""
-    from rlhf.data.importers import IMPORTERS, best_answers
+    from rlhf.atomic import publication
+    from rlhf.data.importers import best_answers, import_file, write_rejected
     from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
 
     from_sft = kind is ImportKind.sft
@@ -371,14 +381,22 @@ def import_data(
         raise typer.BadParameter("demonstrations (--kind sft) cannot become comparisons")
     default = paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS
     target = import_target(out, default, force)
-    rows = IMPORTERS[kind.value](source)
-    if is_sft and not from_sft:
-        rows = best_answers(rows)
-    write_rows(target, rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
+    imported = import_file(source, kind.value, skip_bad_rows)
+    rows = best_answers(imported.rows) if is_sft and not from_sft else imported.rows
+    rejected = target.with_name(f"{target.stem}.rejected.jsonl")
+    with publication() as staged:  # the rows and the rejected rows, both or neither
+        write_rows(staged[target], rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
+        if skip_bad_rows:
+            write_rejected(staged[rejected], imported.rejected)
     setting = "data.source: files" if is_sft else "collect.source: files"
+    skipped = (
+        f"; rejected {len(imported.rejected)}, with their reasons in {rejected}"
+        if skip_bad_rows
+        else ""
+    )
     console.print(
-        f"imported {len(rows)} rows into {target}; track it with `dvc add {target}` and set "
-        f"{setting} in params.yaml"
+        f"imported {len(rows)} rows into {target}{skipped}; track it with `dvc add {target}` "
+        f"and set {setting} in params.yaml"
     )
 
 
@@ -444,7 +462,7 @@ def score(
 ) -> None:
     """Score prompt/response pairs with a reward model (0 = the average SFT demonstration)."""
     from rlhf.algorithms.reward_model import score as score_responses
-    from rlhf.data.importers import import_sft
+    from rlhf.data.importers import import_file
     from rlhf.data.tokenizer import load_tokenizer
     from rlhf.models import checkpoint
     from rlhf.train.device import resolve_device
@@ -453,7 +471,7 @@ def score(
     if len(prompts) != len(responses):
         raise typer.BadParameter(f"{len(prompts)} --prompt but {len(responses)} --response")
     if file is not None:
-        rows = import_sft(file)
+        rows = import_file(file, "sft").rows
         prompts += [r["prompt"] for r in rows]
         responses += [r["response"] for r in rows]
     if not prompts:

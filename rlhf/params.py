@@ -23,6 +23,7 @@ import yaml
 
 from rlhf.errors import PipelineError
 from rlhf.eval.judges import invalid as invalid_judges
+from rlhf.labeling.ranking import LETTERS
 from rlhf.prefixed import CHECKPOINT, HF, RULE, argument
 
 # The largest seed: what every random-number generator the pipeline seeds accepts, with room
@@ -59,6 +60,13 @@ def spec(
 TASK_FAMILIES = ("greet", "add", "capital", "repeat", "refuse", "uppercase")
 # RL algorithms, each with its own params group of the same name (rlhf/algorithms/rl/registry.py)
 RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
+RULES = ("contains_number", "gold")  # rlhf.algorithms.rules.RULES' names, checked by a test
+GOLD_RULE = "rule:gold"  # the task suite's judge as a reward: scores task-suite prompts only
+GOLD_FIXES = {  # what to set instead, by key, where the gold judge cannot score the prompts
+    "collect.labeler": "set collect.labeler to rm:PATH, hf:DIR or human",
+    "rl.reward": "set rl.reward to rm, hf:DIR or ensemble",
+    "evaluate.judges": f"remove {GOLD_RULE!r} from evaluate.judges",
+}
 
 
 @dataclass(frozen=True)
@@ -264,6 +272,10 @@ class CollectParams:
         "becomes its own comparison.",
         ge=1,
     )
+
+    def answers_per_item(self) -> int:
+        """The most answers one prompt's ranking holds."""
+        return self.k + int(self.include_demo) + self.explore + self.mismatched
 
 
 @dataclass(frozen=True)
@@ -573,6 +585,21 @@ class Params:
         """The params group of RL algorithm `name`."""
         return getattr(self, name)
 
+    def gold_judged(self) -> dict[str, str]:
+        """The keys whose setting needs the task suite's gold judge, by key: it scores only
+        task-suite prompts, so these cannot run on prompts of your own."""
+        needs = {
+            "collect.labeler": self.collect.source == "policy" and self.collect.labeler == "gold",
+            "rl.reward": self.rl.reward == GOLD_RULE,
+            "evaluate.judges": GOLD_RULE in self.evaluate.judges,
+        }
+        values = {
+            "collect.labeler": self.collect.labeler,
+            "rl.reward": self.rl.reward,
+            "evaluate.judges": GOLD_RULE,
+        }
+        return {key: values[key] for key, needed in needs.items() if needed}
+
     def answer_lengths(self) -> dict[str, int]:
         """Every answer-length cap by key: each must leave room for a prompt in the context."""
         return {
@@ -596,7 +623,6 @@ class Params:
             )
         reward = self.rl.reward
         if reward not in ("rm", "ensemble") and argument(reward, (RULE, HF)) is None:
-            # the rule's name is checked against the registry when an RL stage builds it
             raise ParamsError(
                 f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"
             )
@@ -605,6 +631,13 @@ class Params:
             raise ParamsError(
                 f"collect.labeler = {labeler!r} is not 'gold', 'human', 'rm:PATH' or 'hf:DIR'"
             )
+        if labeler == "human" and self.collect.answers_per_item() > len(LETTERS):
+            raise ParamsError(
+                f"collect.labeler is human, but collect.k + include_demo + explore + mismatched "
+                f"= {self.collect.answers_per_item()} answers per item are more than the "
+                f"{len(LETTERS)} letters that name them on screen (and more than a person ranks "
+                "well; InstructGPT's labelers ranked 4 to 9)"
+            )
         unknown_judges = invalid_judges(self.evaluate.judges)
         if unknown_judges or not self.evaluate.judges:
             raise ParamsError(
@@ -612,6 +645,13 @@ class Params:
                 + (f"{unknown_judges[0]!r} is not " if unknown_judges else "name at least one of ")
                 + "'gold', 'rm', 'hf:DIR' or 'rule:NAME'"
             )
+        _check_rules({"rl.reward": [reward], "evaluate.judges": list(self.evaluate.judges)})
+        if self.data.source == "files":
+            for key, value in self.gold_judged().items():
+                raise ParamsError(
+                    f"{key}: {value!r} needs the task suite's gold judge, which cannot score "
+                    f"your own prompts (data.source: files): {GOLD_FIXES[key]}"
+                )
         if reward == "ensemble" and not self.rl.ensemble:
             raise ParamsError("rl.reward = 'ensemble' needs checkpoints in rl.ensemble")
         unknown_rl = sorted(set(self.rl_algorithms) - set(RL_ALGORITHMS))
@@ -632,6 +672,18 @@ class Params:
                 f"data.tasks = {list(self.data.tasks)!r} must be a non-empty list of "
                 f"{', '.join(TASK_FAMILIES)}"
             )
+
+
+def _check_rules(named: dict[str, list[str]]) -> None:
+    """Every `rule:NAME` under these keys names a registered rule."""
+    for key, values in named.items():
+        for value in values:
+            rule = argument(value, (RULE,))
+            if rule is not None and rule not in RULES:
+                raise ParamsError(
+                    f"{key}: {value!r} names no rule; the rules are "
+                    + ", ".join(f"'rule:{name}'" for name in RULES)
+                )
 
 
 def _describe_type(hint: Any) -> str:

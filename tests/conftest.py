@@ -114,18 +114,24 @@ def run_module(module: str, cwd: Path, *args: str, **kwargs) -> subprocess.Compl
     )
 
 
-def kill_at_first_save(project: Path, module: str, resume: Path, *args: str) -> Path:
-    """Run a stage and SIGKILL it as soon as it has written its resume state."""
+def start_until_saved(project: Path, module: str, resume: Path, *args: str) -> subprocess.Popen:
+    """Start a stage and return it, running, as soon as it has written its resume state."""
     proc = subprocess.Popen(
         [sys.executable, "-m", module, *args], cwd=project, env=clean_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not resume.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
     assert resume.exists(), f"{module} ended before writing resume state"
+    return proc
+
+
+def kill_at_first_save(project: Path, module: str, resume: Path, *args: str) -> Path:
+    """Run a stage and SIGKILL it as soon as it has written its resume state."""
+    proc = start_until_saved(project, module, resume, *args)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
     return resume
 
 

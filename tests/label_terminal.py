@@ -12,12 +12,14 @@ from conftest import clean_env
 PROMPT = "rank> "
 
 
-def start_labeling(project: Path, labeler: str) -> pexpect.spawn:
-    """`rlhf label --labeler NAME` in `project`, on a 100 x 40 terminal."""
+def start_labeling(
+    project: Path, labeler: str, dimensions: tuple[int, int] = (40, 100)
+) -> pexpect.spawn:
+    """`rlhf label --labeler NAME` in `project`, on a terminal of (rows, columns)."""
     return pexpect.spawn(
         sys.executable, ["-m", "rlhf.cli", "label", "--labeler", labeler],
         cwd=project, env=clean_env() | {"TERM": "xterm"}, encoding="utf-8",
-        dimensions=(40, 100), timeout=60,
+        dimensions=dimensions, timeout=60,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import re
 
 import pytest
@@ -60,8 +61,13 @@ def test_truncated_empty_and_missing_checkpoints_are_named(policy_file, tmp_path
     plain = tmp_path / "plain.pt"
     with plain.open("wb") as handle:
         pickle.dump([1, 2], handle)
-    with pytest.raises(CheckpointError, match=r"plain\.pt: refused: .* \(Unsupported operand"):
+    damaged = r"\.pt: not a readable checkpoint, truncated or corrupt \(Unsupported operand"
+    with pytest.raises(CheckpointError, match="plain" + damaged):
         checkpoint.load(plain)
+    noise = tmp_path / "noise.pt"  # random bytes name no callable: damage, not a threat
+    noise.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    with pytest.raises(CheckpointError, match="noise" + damaged):
+        checkpoint.load(noise)
 
 
 def test_a_checkpoint_lacking_keys_or_with_mismatched_weights_is_named(policy_file):

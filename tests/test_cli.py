@@ -86,3 +86,39 @@ def test_off_a_terminal_progress_is_a_line_every_so_often():
     assert [line.rsplit(" ", 1)[0] for line in lines] == [
         "collect: 30/100 K=4", "collect: 50/100 K=4", "collect: 50/100 K=4", "rm: 7 loss 0.5",
     ]  # fmt: skip
+
+
+def one_error_line(result) -> str:
+    assert "Traceback" not in result.output and "Usage:" not in result.output, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_a_prompts_file_with_no_prompt_is_one_error_line(tmp_path, monkeypatch):
+    """Not Typer's usage box saying `give --prompt or --file`: the file was given."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("\n  \n")
+    result = runner.invoke(app, ["generate", "--file", "empty.jsonl"])
+    assert result.exit_code == 2
+    assert one_error_line(result) == "error: empty.jsonl: holds no prompts; write one prompt a line"
+
+
+def test_generate_and_score_files_meet_the_row_rule(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.txt").write_text("Greet Ann.\n" + "x" * 2_000_000 + "\n")
+    result = runner.invoke(app, ["generate", "--file", "prompts.txt"])
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert line.startswith("error: prompts.txt: row 2, field 'prompt': the row is 2,000,0")
+    rows = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": "y" * 2_000_000},
+            {"prompt": "d"}]  # fmt: skip
+    for name, bad, problem in (
+        ("big", rows[:2], "row 2, field 'response': the row is 2,000,0"),
+        ("short", [rows[0], rows[2]], "row 2, field 'response': missing"),
+    ):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in bad))
+        result = runner.invoke(app, ["score", "--file", path.name])
+        assert result.exit_code == 2
+        assert one_error_line(result).startswith(f"error: {path.name}: {problem}")

@@ -1,9 +1,12 @@
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from rlhf.data.batching import IGNORE_INDEX, collate
 from rlhf.data.chat import decode_response, encode_example, prompt_ids
+from rlhf.data.rows import MAX_ROW_BYTES
 from rlhf.data.schemas import (
     COMPARISON_SCHEMA,
     PREFERENCE_SCHEMA,
@@ -57,12 +60,12 @@ def test_bad_rows_name_file_row_and_field(tmp_path, bad, field, problem):
     path = write_raw(tmp_path / "d.parquet", [sft_row(), sft_row(), sft_row(**bad)], SFT_SCHEMA)
     with pytest.raises(DataError) as err:
         read_rows(path, SFT_SCHEMA)
-    assert str(err.value) == f"{path}: row 2, field '{field}': {problem}"
+    assert str(err.value) == f"{path}: row 3, field '{field}': {problem}"
 
 
 def test_missing_column_is_named(tmp_path):
     path = write_raw(tmp_path / "d.parquet", [{"prompt": "p", "task": "t", "source": "s"}])
-    with pytest.raises(DataError, match=r"d.parquet: row 0, field 'response': column missing"):
+    with pytest.raises(DataError, match=r"d.parquet: field 'response': column missing"):
         read_rows(path, SFT_SCHEMA)
 
 
@@ -76,7 +79,7 @@ def test_wrong_column_type_is_named(tmp_path):
 
 
 def test_wrong_python_type_in_rows_is_named(tmp_path):
-    with pytest.raises(DataError, match=r"row 1, field 'prompt': expected text, got 5"):
+    with pytest.raises(DataError, match=r"row 2, field 'prompt': expected text, got 5"):
         write_rows(tmp_path / "x.parquet", [sft_row(), sft_row(prompt=5)], SFT_SCHEMA)
     assert not (tmp_path / "x.parquet").exists()
 
@@ -94,7 +97,7 @@ def test_rank_lists_must_match_responses(tmp_path, responses, ranks, field, prob
     good = {"prompt": "p", "responses": ["x", "y"], "ranks": [1, 0], "task": "t", "source": "s"}
     bad = {**good, "responses": responses, "ranks": ranks}
     path = write_raw(tmp_path / "r.parquet", [good, bad], RANKED_SCHEMA)
-    with pytest.raises(DataError, match=rf"r.parquet: row 1, field '{field}': {problem}"):
+    with pytest.raises(DataError, match=rf"r.parquet: row 2, field '{field}': {problem}"):
         read_rows(path, RANKED_SCHEMA)
 
 
@@ -106,6 +109,30 @@ def test_a_collected_sample_may_be_empty_an_imported_answer_not(tmp_path):
     path = write_raw(tmp_path / "r.parquet", [row], RANKED_SCHEMA)
     with pytest.raises(DataError, match="item 1 is empty"):
         read_rows(path, RANKED_SCHEMA)
+
+
+def test_every_reader_and_writer_holds_rows_to_the_size_limit(tmp_path):
+    """The one row rule: a giant row is refused by read_rows (prepare on data/raw/, every
+    stage's inputs) as by the importers, naming the file, the row and the biggest field."""
+    rows = [sft_row(), sft_row(response="y" * MAX_ROW_BYTES)]
+    path = write_raw(tmp_path / "d.parquet", rows, SFT_SCHEMA)
+    with pytest.raises(DataError) as err:
+        read_rows(path, SFT_SCHEMA)
+    assert re.fullmatch(
+        rf"{path}: row 2, field 'response': the row is 1,000,\d\d\d bytes, over the limit of "
+        r"1,000,000 bytes per row; split or shorten it",
+        str(err.value),
+    )
+    with pytest.raises(DataError, match=r"x.parquet: row 2, field 'response': the row is"):
+        write_rows(tmp_path / "x.parquet", rows, SFT_SCHEMA)
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_a_bad_value_is_quoted_short(tmp_path):
+    path = tmp_path / "x.parquet"
+    with pytest.raises(DataError) as err:
+        write_rows(path, [sft_row(), sft_row(prompt=["z" * 500])], SFT_SCHEMA)
+    assert str(err.value) == f"{path}: row 2, field 'prompt': expected text, got ['{'z' * 55}..."
 
 
 def test_unreadable_file_is_a_data_error(tmp_path):

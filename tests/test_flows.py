@@ -36,6 +36,8 @@ from rlhf.stages.dvcfile import declared_stages
 
 from conftest import REPO, prefect_env, sh, shared_project
 
+OWN_DATA = ["+data.source=files", "+collect.labeler=human"]  # no raw data: prepare refuses
+
 ALL_STAGES = {
     "prepare", "tokenizer", "sft", "collect", "rm", "rl@ppo", "rl@grpo", "dpo", "evaluate",
 }  # fmt: skip
@@ -124,10 +126,17 @@ def test_a_refused_stage_fails_its_task_with_the_error_line_and_is_not_retried(i
     before = (in_project / "params.yaml").read_text()
     try:
         state = stage_flow(
-            stage="prepare", overrides=["+data.source=files"], retries=2, return_state=True
+            stage="prepare",
+            overrides=OWN_DATA,
+            retries=2,
+            return_state=True,
         )
         (in_project / "params.yaml").write_text(before)
-        whole = pipeline(target="sft", overrides=["+data.source=files"], return_state=True)
+        whole = pipeline(
+            target="sft",
+            overrides=OWN_DATA,
+            return_state=True,
+        )
     finally:
         (in_project / "params.yaml").write_text(before)
     assert whole.is_failed() and stage_states(whole) == {"prepare": REFUSED}  # stops there
@@ -243,7 +252,7 @@ def test_containerized_pipeline_dispatches_each_stage_and_fails_with_the_stages_
     before = (worker / "params.yaml").read_text()
     failed = pipeline(
         target="prepare", containerized=True, experiment=True,
-        overrides=["+data.source=files"], return_state=True,
+        overrides=OWN_DATA, return_state=True,
     )  # fmt: skip
     assert failed.is_failed()
     assert "stage prepare: data.source is 'files' but" in failed.message

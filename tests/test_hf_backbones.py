@@ -4,15 +4,21 @@ random models of each family, saved with `save_pretrained`, loaded with `rlhf.mo
 from __future__ import annotations
 
 import json
+import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
 
+from rlhf.data.tokenizer import Tokenizer, save_tokenizer
 from rlhf.errors import CheckpointError
 from rlhf.models.backbone import freeze
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.hf import load_folder, save_folder
 from rlhf.models.packing import packed_hidden_states
+from rlhf.models.registry import build
 from rlhf.sampling.forward import response_forward
 from rlhf.sampling.generate import generate
 from rlhf.sampling.sampler import SamplingConfig
@@ -218,3 +224,89 @@ def test_a_frozen_bf16_reference_gives_close_log_probs(pair):
     half = response_forward(frozen, ids, mask, start=4).logprobs
     assert half.dtype == torch.float32
     assert (full - half)[mask[:, 4:]].abs().max() < 0.1
+
+
+# what `rlhf export` may be asked to write, as (backbone, its config beyond the shared shape)
+EXPORTED = {
+    "gpt2": ("gpt", {}),
+    "llama": ("llama", {"n_kv_head": 2}),
+    "llama3": ("llama", {"n_kv_head": 2, "rope_original_max_len": 16}),
+    # a pretrained Llama-3 cut to a block_size within the context it was pretrained on
+    "llama3-cut": ("llama", {"n_kv_head": 2, "rope_original_max_len": 8192}),
+    "qwen2": ("llama", {"n_kv_head": 2, "qkv_bias": True}),
+    "qwen3": ("llama", {"n_kv_head": 2, "qk_norm": True, "head_dim": 16, "tie_embeddings": True}),
+}
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer(tmp_path_factory) -> Tokenizer:
+    return save_tokenizer(tmp_path_factory.mktemp("bytes"), "bytes")
+
+
+class _Collect(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(f"{record.name}: {record.getMessage()}")
+
+
+@contextmanager
+def transformers_warnings() -> Iterator[list[str]]:
+    """Every warning given inside the block, through the `warnings` module or transformers'
+    loggers. Its once-only warnings are made to speak again: an earlier test (or a reference
+    model built here) may already have had them said."""
+    said: list[str] = []
+    library = logging.getLogger("transformers")
+    handler = _Collect(said)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()
+    logging.Logger.warning_once.cache_clear()
+    library.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield said
+        said.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+    finally:
+        library.removeHandler(handler)
+        transformers.logging.set_verbosity(verbosity)
+
+
+@pytest.mark.parametrize("reward_model", [False, True], ids=["policy", "reward"])
+@pytest.mark.parametrize("family", sorted(EXPORTED))
+@torch.no_grad()
+def test_an_export_loads_in_transformers_without_a_warning(
+    family, reward_model, byte_tokenizer, tmp_path
+):
+    """What `rlhf export` writes loads (model, tokenizer, generation config) without a word
+    from transformers, and gives our logits. GPT-2's config left `bos_token_id` to
+    transformers' default 50256, outside our vocabulary; a Llama-3 cut to a block_size within
+    its original context stated that block_size as max_position_embeddings, which Llama-3
+    rope scaling must exceed."""
+    name, extra = EXPORTED[family]
+    shape = {"vocab_size": byte_tokenizer.vocab_size, "block_size": 64, "n_layer": 1,
+             "n_head": 4, "n_embd": 64, "mlp_width": 96}  # fmt: skip
+    torch.manual_seed(8)
+    ours = build(name, shape | extra).eval()
+    folder = save_folder(ours, tmp_path / "out", byte_tokenizer, reward_model=reward_model)
+    auto = (
+        transformers.AutoModelForSequenceClassification
+        if reward_model
+        else transformers.AutoModelForCausalLM
+    )
+    with transformers_warnings() as said:
+        reloaded = auto.from_pretrained(folder).eval()
+        transformers.AutoTokenizer.from_pretrained(folder)
+        transformers.GenerationConfig.from_pretrained(folder)
+    assert said == []
+    ids = torch.randint(
+        0, byte_tokenizer.eos_id, (2, 12), generator=torch.Generator().manual_seed(9)
+    )
+    logits = reloaded(input_ids=ids).logits
+    if reward_model:  # the score at each row's last token; the fresh reward head has no bias
+        logits, expected = logits[:, 0], ours.rewards(ours.hidden_states(ids))[:, -1]
+    else:
+        expected = ours(ids)
+    assert (logits - expected).abs().max() <= 1e-5

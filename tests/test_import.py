@@ -1,13 +1,19 @@
 import json
+import re
+import subprocess
+import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from rlhf.cli import app
-from rlhf.data.importers import import_sft
+from rlhf.data.importers import import_file
+from rlhf.data.rows import MAX_ROW_BYTES
 from rlhf.data.schemas import PROMPT_SCHEMA, RANKED_SCHEMA, SFT_SCHEMA, DataError, read_rows
 
-from conftest import make_project, run_module, write_params
+from conftest import clean_env, make_project, run_module, write_params
 
 
 def write_jsonl(path, records):
@@ -19,27 +25,31 @@ def test_import_validates_each_row(tmp_path):
     path = write_jsonl(
         tmp_path / "d.jsonl", [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": ""}]
     )
-    with pytest.raises(DataError, match=r"d.jsonl: row 1, field 'response': is empty"):
-        import_sft(path)
+    with pytest.raises(DataError, match=r"d.jsonl: row 2, field 'response': is empty"):
+        import_file(path, "sft")
     path = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "a"}])
-    with pytest.raises(DataError, match=r"e.jsonl: row 0, field 'response': is null"):
-        import_sft(path)
+    with pytest.raises(DataError, match=r"e.jsonl: row 1, field 'response': missing"):
+        import_file(path, "sft")
+    path = write_jsonl(tmp_path / "n.jsonl", [{"prompt": "a", "response": None}])
+    with pytest.raises(DataError, match=r"n.jsonl: row 1, field 'response': is null"):
+        import_file(path, "sft")
     (tmp_path / "f.jsonl").write_text('{"prompt": "a", "response": "b"}\n{oops\n')
-    with pytest.raises(DataError, match=r"f.jsonl: row 1: not valid JSON"):
-        import_sft(tmp_path / "f.jsonl")
+    with pytest.raises(DataError, match=r"f.jsonl: row 2: not valid JSON"):
+        import_file(tmp_path / "f.jsonl", "sft")
 
 
 def test_cli_import_reports_errors_and_writes_nothing(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "response": None}])
     result = CliRunner().invoke(app, ["import", str(bad), "--out", str(tmp_path / "o.parquet")])
     assert result.exit_code == 2
-    assert "row 0, field 'response'" in result.output
+    assert "row 1, field 'response'" in result.output
     assert not (tmp_path / "o.parquet").exists()
 
 
 def test_files_source_runs_prepare_on_imported_data(tmp_path):
     project = make_project(tmp_path / "p")
-    write_params(project, {"data.source": "files", "data.heldout_fraction": 0.1})
+    params = {"data.source": "files", "data.heldout_fraction": 0.1, "collect.labeler": "human"}
+    write_params(project, params)
     records = [
         {"prompt": f"Question {i}?", "response": f"Answer {i}.", "task": "qa"} for i in range(40)
     ] + [{"prompt": "Question 0?", "response": "Another answer."}]
@@ -47,14 +57,16 @@ def test_files_source_runs_prepare_on_imported_data(tmp_path):
     out = project / "data" / "raw" / "sft.parquet"
     result = CliRunner().invoke(app, ["import", str(source), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    run_module("rlhf.stages.prepare", project)
+    prepared_log = run_module("rlhf.stages.prepare", project).stderr
+    assert "warning: only 19 held-out prompts (fewer than 32)" in prepared_log
     prepared = project / "data" / "prepared"
     train = read_rows(prepared / "sft_train.parquet", SFT_SCHEMA)
     val = read_rows(prepared / "sft_val.parquet", SFT_SCHEMA)
     heldout = read_rows(prepared / "prompts_heldout.parquet", PROMPT_SCHEMA)
     held = {r["prompt"] for r in heldout}
     train_prompts, val_prompts = {r["prompt"] for r in train}, {r["prompt"] for r in val}
-    assert len(held) == 4 and len(val_prompts) == 2
+    # 10% of 40 prompts is 4: raised to half of what validation leaves (19), short of 32
+    assert len(held) == 19 and len(val_prompts) == 2
     assert not held & (train_prompts | val_prompts) and not train_prompts & val_prompts
     assert held | train_prompts | val_prompts == {r["prompt"] for r in records}
     # one prompt's demonstrations stay on one side of the split
@@ -108,3 +120,65 @@ def test_cli_imports_label_studio_and_ultrafeedback_exports_as_comparisons(tmp_p
         [row] = read_rows(out, RANKED_SCHEMA)
         ranked = sorted(zip(row["ranks"], row["responses"], strict=True))
         assert [text for _, text in ranked] == ["Hi Ann!", "Go away."]
+
+
+def one_error_line(output: str) -> str:
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+HH_ROW = {"chosen": "\n\nHuman: Say hi.\n\nAssistant: Hi!",
+          "rejected": "\n\nHuman: Say hi.\n\nAssistant: No."}  # fmt: skip
+
+
+def test_skip_bad_rows_imports_the_rest_and_writes_the_rejected_rows_beside(tmp_path):
+    bad = [
+        {**HH_ROW, "rejected": HH_ROW["chosen"]},  # identical answers
+        {**HH_ROW, "rejected": "\n\nHuman: Say bye.\n\nAssistant: Bye."},  # another dialogue
+        {**HH_ROW, "chosen": HH_ROW["chosen"] + "\n\nHuman: Thanks."},  # ends with the Human
+    ]
+    source = write_jsonl(tmp_path / "hh.jsonl", [HH_ROW, *bad, HH_ROW])
+    out, rejected = tmp_path / "hh.parquet", tmp_path / "hh.rejected.jsonl"
+    args = ["import", str(source), "--kind", "hh", "--out", str(out)]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2
+    line = one_error_line(refused.output)
+    assert line.startswith(f"error: {source}: row 2, field 'rejected': the same text")
+    assert not out.exists() and not rejected.exists()
+
+    result = CliRunner().invoke(app, [*args, "--skip-bad-rows"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert f"imported 2 rows into {out}; rejected 3, with their reasons in {rejected}" in (
+        " ".join(result.output.split())
+    )
+    assert len(read_rows(out, RANKED_SCHEMA)) == 2
+    lines = [json.loads(line) for line in rejected.read_text().splitlines()]
+    assert [(r["row"], r["record"]) for r in lines] == [(2, bad[0]), (3, bad[1]), (4, bad[2])]
+    assert [r["reason"].split(":")[0] for r in lines] == [
+        "field 'rejected'", "field 'rejected'", "field 'chosen'"
+    ]  # fmt: skip
+
+
+def test_prepare_refuses_a_giant_row_planted_in_data_raw(tmp_path):
+    """The row limit holds on data/raw/ however the file got there, not only through import."""
+    project = make_project(tmp_path / "p", {"data.source": "files", "collect.labeler": "human"})
+    rows = [
+        {"prompt": f"Q{i}?", "response": "A.", "task": "user", "source": "s"} for i in range(40)
+    ]
+    rows[6]["response"] = "y" * 2_000_000
+    raw = project / "data" / "raw" / "sft.parquet"
+    pa_table = pa.Table.from_pylist(rows, schema=SFT_SCHEMA)
+    pq.write_table(pa_table, raw)
+    done = subprocess.run([sys.executable, "-m", "rlhf.stages.prepare"], cwd=project,
+                          env=clean_env(), capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2
+    line = one_error_line(done.stdout + done.stderr)
+    assert re.fullmatch(
+        r"error: data/raw/sft.parquet: row 7, field 'response': the row is 2,000,0\d\d bytes, "
+        rf"over the limit of {MAX_ROW_BYTES:,} bytes per row; split or shorten it",
+        line,
+    )
+    assert not list((project / "data" / "prepared").glob("*.parquet"))

@@ -1,25 +1,22 @@
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlhf.data.importers import (
-    MAX_ROW_BYTES,
-    import_hh,
-    import_label_studio,
-    import_pairwise,
-    import_ranked,
-    import_sft,
-    import_ultrafeedback,
-    split_transcript,
-)
+from rlhf.data.importers import import_file, read_prompts, split_transcript
+from rlhf.data.rows import MAX_ROW_BYTES
 from rlhf.data.schemas import DataError
 
 
 def jsonl(path, records):
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     return path
+
+
+def imported(kind, path):
+    return import_file(path, kind).rows
 
 
 HH = [
@@ -37,7 +34,7 @@ HH = [
 
 
 def test_hh_rlhf_transcripts_split_into_shared_prompt_and_final_answers(tmp_path):
-    rows = import_hh(jsonl(tmp_path / "hh.jsonl", HH))
+    rows = imported("hh", jsonl(tmp_path / "hh.jsonl", HH))
     assert len(rows) == 2
     first = rows[0]
     assert first["prompt"] == (
@@ -50,47 +47,104 @@ def test_hh_rlhf_transcripts_split_into_shared_prompt_and_final_answers(tmp_path
 
 def test_hh_row_with_different_dialogues_is_named(tmp_path):
     bad = dict(HH[1], rejected="\n\nHuman: Say bye.\n\nAssistant: Bye.")
-    with pytest.raises(DataError, match=r"hh.jsonl: row 1, field 'rejected': its dialogue"):
-        import_hh(jsonl(tmp_path / "hh.jsonl", [HH[0], bad]))
+    with pytest.raises(DataError, match=r"hh.jsonl: row 2, field 'rejected': its dialogue"):
+        imported("hh", jsonl(tmp_path / "hh.jsonl", [HH[0], bad]))
 
 
 def test_hh_row_without_assistant_turn_is_named(tmp_path):
     bad = {"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: hi\n\nAssistant: x"}
-    with pytest.raises(DataError, match=r"row 0, field 'chosen': has no"):
-        import_hh(jsonl(tmp_path / "hh.jsonl", [bad]))
+    with pytest.raises(DataError, match=r"row 1, field 'chosen': has no"):
+        imported("hh", jsonl(tmp_path / "hh.jsonl", [bad]))
     with pytest.raises(ValueError):
         split_transcript("no turns at all")
 
 
 def test_pairwise_rows(tmp_path):
-    rows = import_pairwise(
-        jsonl(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": "good", "rejected": "bad"}])
+    rows = imported(
+        "pairwise",
+        jsonl(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": "good", "rejected": "bad"}]),
     )
     assert rows[0]["responses"] == ["good", "bad"] and rows[0]["ranks"] == [0, 1]
-    with pytest.raises(DataError, match=r"p2.jsonl: row 1, field 'rejected': is empty"):
-        import_pairwise(
+    with pytest.raises(DataError, match=r"p2.jsonl: row 2, field 'rejected': is empty"):
+        imported(
+            "pairwise",
             jsonl(
                 tmp_path / "p2.jsonl",
                 [
                     {"prompt": "q", "chosen": "a", "rejected": "b"},
                     {"prompt": "q", "chosen": "a", "rejected": " "},
                 ],
-            )
+            ),
         )
 
 
 def test_ranked_rows(tmp_path):
     record = {"prompt": "q", "responses": [{"text": "a", "rank": 1}, {"text": "b", "rank": 0}]}
-    rows = import_ranked(jsonl(tmp_path / "r.jsonl", [record]))
+    rows = imported("ranked", jsonl(tmp_path / "r.jsonl", [record]))
     assert rows[0]["responses"] == ["a", "b"] and rows[0]["ranks"] == [1, 0]
-    with pytest.raises(DataError, match=r"row 0, field 'responses': expected a list of"):
-        import_ranked(jsonl(tmp_path / "r2.jsonl", [{"prompt": "q", "responses": ["a", "b"]}]))
+    with pytest.raises(DataError, match=r"row 1, field 'responses\[1\]': has no 'rank'"):
+        imported("ranked", jsonl(tmp_path / "r2.jsonl", [{"prompt": "q", "responses": [
+            {"text": "a", "rank": 0}, {"text": "b"}]}]))  # fmt: skip
     tied = {"prompt": "q", "responses": [{"text": "a", "rank": 0}, {"text": "b", "rank": 0}]}
-    with pytest.raises(DataError, match=r"row 0, field 'ranks': all responses share one rank"):
-        import_ranked(jsonl(tmp_path / "r3.jsonl", [tied]))
-    missing = {"prompt": None, "responses": record["responses"]}
-    with pytest.raises(DataError, match=r"row 0, field 'prompt': is null"):
-        import_ranked(jsonl(tmp_path / "r4.jsonl", [missing]))
+    with pytest.raises(DataError, match=r"row 1, field 'ranks': all responses share one rank"):
+        imported("ranked", jsonl(tmp_path / "r3.jsonl", [tied]))
+    null = {"prompt": None, "responses": record["responses"]}
+    with pytest.raises(DataError, match=r"row 1, field 'prompt': is null"):
+        imported("ranked", jsonl(tmp_path / "r4.jsonl", [null]))
+
+
+def test_ranked_accepts_the_pipelines_own_flat_shape(tmp_path):
+    """`responses: [str]` beside `ranks: [int]`, as data/raw/comparisons.parquet holds them."""
+    flat = {"prompt": "q", "responses": ["a", "b", "c"], "ranks": [1, 0, 1], "task": "t"}
+    for path in (tmp_path / "flat.jsonl", tmp_path / "flat.parquet"):
+        if path.suffix == ".parquet":
+            pq.write_table(pa.Table.from_pylist([flat]), path)
+        else:
+            jsonl(path, [flat])
+        [row] = imported("ranked", path)
+        assert row == {**flat, "source": path.name}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"ranks": [0, 0, 0]}, r"field 'ranks': all responses share one rank"),
+        ({"ranks": [0, 1]}, r"field 'ranks': has 2 ranks for 3 responses"),
+        ({"responses": ["a"], "ranks": [0]}, r"field 'responses': needs at least 2 responses"),
+        ({"responses": ["a", "a "], "ranks": [0, 1]}, r"field 'responses': the same text appears"),
+        ({"ranks": [0, 1.5, 2]}, r"field 'ranks': expected non-negative integers"),
+        ({"responses": ["a", 7, "c"]}, r"field 'responses': item 1 is empty or not text"),
+        ({"ranks": None}, r"field 'ranks': is null"),
+    ],
+)
+def test_flat_ranked_rows_name_their_defect(tmp_path, change, message):
+    flat = {"prompt": "q", "responses": ["a", "b", "c"], "ranks": [2, 0, 1], **change}
+    path = jsonl(tmp_path / "r.jsonl", [{"prompt": "q", "responses": ["x", "y"], "ranks": [0, 1]},
+                                        flat])  # fmt: skip
+    with pytest.raises(DataError, match=rf"r.jsonl: row 2, {message}"):
+        imported("ranked", path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "record", "field"),
+    [
+        ("sft", {"prompt": "a"}, "response"),
+        ("pairwise", {"prompt": "q", "chosen": "a"}, "rejected"),
+        ("hh", {"chosen": HH[1]["chosen"]}, "rejected"),
+        ("ranked", {"prompt": "q", "responses": ["a", "b"]}, "ranks"),
+        ("ranked", {"responses": ["a", "b"], "ranks": [0, 1]}, "prompt"),
+        ("ultrafeedback", {"prompt": "q"}, "completions"),
+    ],
+)
+def test_a_missing_field_is_missing_not_null(tmp_path, kind, record, field):
+    for path in (tmp_path / "m.jsonl", tmp_path / "m.parquet"):
+        if path.suffix == ".parquet":
+            pq.write_table(pa.Table.from_pylist([record]), path)
+        else:
+            jsonl(path, [record])
+        with pytest.raises(DataError) as err:
+            imported(kind, path)
+        assert str(err.value) == f"{path}: row 1, field '{field}': missing"
 
 
 def test_invalid_utf8_names_the_line_and_byte_offset(tmp_path):
@@ -98,7 +152,7 @@ def test_invalid_utf8_names_the_line_and_byte_offset(tmp_path):
     first = json.dumps({"prompt": "a", "response": "b"}).encode() + b"\n"
     path.write_bytes(first + b'{"prompt": "caf\xe9", "response": "x"}\n')
     with pytest.raises(DataError) as err:
-        import_sft(path)
+        imported("sft", path)
     offset = len(first) + len(b'{"prompt": "caf')
     assert str(err.value).startswith(f"{path}: line 2: invalid UTF-8 at byte offset {offset}")
 
@@ -111,8 +165,32 @@ def test_a_row_over_the_size_limit_is_rejected_not_truncated(tmp_path):
             pq.write_table(pa.Table.from_pylist(rows), path)
         else:
             jsonl(path, rows)
-        with pytest.raises(DataError, match=r"row 1: 1,000,0\d\d bytes, over the limit of 1,000,"):
-            import_sft(path)
+        with pytest.raises(DataError) as err:
+            imported("sft", path)
+        assert re.fullmatch(
+            rf"{path}: row 2, field 'response': the row is 1,000,0\d\d bytes, over the limit of "
+            r"1,000,000 bytes per row; split or shorten it",
+            str(err.value),
+        )
+
+
+def test_jsonl_rows_are_numbered_by_their_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "a", "response": "b"}\n\n{"prompt": "c", "response": ""}\n')
+    with pytest.raises(DataError, match=r"d.jsonl: row 3, field 'response': is empty"):
+        imported("sft", path)
+
+
+def test_a_prompts_file_meets_the_row_rule(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("Greet Ann.\n\n  \nSay hi.\n")
+    assert read_prompts(path) == ["Greet Ann.", "Say hi."]
+    path.write_text("Greet Ann.\n" + "x" * (MAX_ROW_BYTES + 1) + "\n")
+    with pytest.raises(DataError, match=r"prompts.txt: row 2, field 'prompt': the row is 1,000,0"):
+        read_prompts(path)
+    path.write_text("\n \n")
+    with pytest.raises(DataError, match=r"prompts.txt: holds no prompts"):
+        read_prompts(path)
 
 
 def test_hh_transcript_ending_with_a_human_turn_is_named(tmp_path):
@@ -120,20 +198,20 @@ def test_hh_transcript_ending_with_a_human_turn_is_named(tmp_path):
         "chosen": "\n\nHuman: Say hi.\n\nAssistant: Hi!\n\nHuman: Thanks.",
         "rejected": "\n\nHuman: Say hi.\n\nAssistant: No.",
     }
-    with pytest.raises(DataError, match=r"row 1, field 'chosen': ends with a Human turn"):
-        import_hh(jsonl(tmp_path / "hh.jsonl", [HH[1], bad]))
+    with pytest.raises(DataError, match=r"row 2, field 'chosen': ends with a Human turn"):
+        imported("hh", jsonl(tmp_path / "hh.jsonl", [HH[1], bad]))
 
 
 def test_identical_answers_are_rejected_with_their_row(tmp_path):
     same = {"prompt": "q", "chosen": "same answer", "rejected": "same answer "}
-    with pytest.raises(DataError, match=r"row 0, field 'rejected': the same text as 'chosen'"):
-        import_pairwise(jsonl(tmp_path / "p.jsonl", [same]))
+    with pytest.raises(DataError, match=r"row 1, field 'rejected': the same text as 'chosen'"):
+        imported("pairwise", jsonl(tmp_path / "p.jsonl", [same]))
     hh = {"chosen": "\n\nHuman: hi\n\nAssistant: yo", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}
-    with pytest.raises(DataError, match=r"row 0, field 'rejected': the same text"):
-        import_hh(jsonl(tmp_path / "hh.jsonl", [hh]))
+    with pytest.raises(DataError, match=r"row 1, field 'rejected': the same text"):
+        imported("hh", jsonl(tmp_path / "hh.jsonl", [hh]))
     ranked = {"prompt": "q", "responses": [{"text": "a", "rank": 0}, {"text": "a", "rank": 1}]}
-    with pytest.raises(DataError, match=r"row 0, field 'responses': the same text appears twice"):
-        import_ranked(jsonl(tmp_path / "r.jsonl", [ranked]))
+    with pytest.raises(DataError, match=r"row 1, field 'responses': the same text appears twice"):
+        imported("ranked", jsonl(tmp_path / "r.jsonl", [ranked]))
 
 
 ULTRAFEEDBACK = {
@@ -149,7 +227,7 @@ ULTRAFEEDBACK = {
 
 def test_ultrafeedback_scores_become_ranks_with_ties(tmp_path):
     tied = {"prompt": "q", "completions": [{"text": "a", "score": 1}, {"text": "b", "score": 1}]}
-    rows = import_ultrafeedback(jsonl(tmp_path / "u.jsonl", [ULTRAFEEDBACK, tied]))
+    rows = imported("ultrafeedback", jsonl(tmp_path / "u.jsonl", [ULTRAFEEDBACK, tied]))
     assert len(rows) == 1  # the all-tied row holds no preference
     assert rows[0]["prompt"] == "Name a prime." and rows[0]["responses"] == ["4", "7", "It is 2."]
     assert rows[0]["ranks"] == [1, 0, 0] and rows[0]["source"] == "u.jsonl"
@@ -158,24 +236,60 @@ def test_ultrafeedback_scores_become_ranks_with_ties(tmp_path):
 @pytest.mark.parametrize(
     ("completions", "message"),
     [
-        ("7", r"row 1, field 'completions': expected a list of"),
-        ([{"response": "7"}], r"row 1, field 'completions\[0\]': no number in 'overall_score'"),
-        ([{"response": " ", "score": 1}], r"row 1, field 'completions\[0\]': no text"),
-        ([{"response": "a", "score": True}], r"row 1, field 'completions\[0\]': no number"),
+        ("7", r"row 2, field 'completions': expected a list of"),
+        ([{"response": "7"}], r"row 2, field 'completions\[0\]': no number in 'overall_score'"),
+        ([{"response": " ", "score": 1}], r"row 2, field 'completions\[0\]': no text"),
+        ([{"response": "a", "score": True}], r"row 2, field 'completions\[0\]': no number"),
         (
             [{"response": "a", "score": 1}, {"response": "b", "score": 2},
              {"response": "a", "score": 3}],
-            r"row 1, field 'completions\[2\]': the same text as an earlier completion",
+            r"row 2, field 'completions\[2\]': the same text as an earlier completion",
+        ),
+        (
+            [{"response": "a", "overall_score": float("nan")}, {"response": "b", "score": 2}],
+            r"row 2, field 'completions\[0\]': 'overall_score' is NaN, not a score",
         ),
     ],
 )  # fmt: skip
 def test_ultrafeedback_errors_name_the_row_and_completion(tmp_path, completions, message):
     path = jsonl(tmp_path / "u.jsonl", [ULTRAFEEDBACK, {"prompt": "q", "completions": completions}])
     with pytest.raises(DataError, match=message):
-        import_ultrafeedback(path)
+        imported("ultrafeedback", path)
     no_prompt = {"completions": ULTRAFEEDBACK["completions"]}
-    with pytest.raises(DataError, match=r"row 0, field 'prompt': is null"):
-        import_ultrafeedback(jsonl(tmp_path / "p.jsonl", [no_prompt]))
+    with pytest.raises(DataError, match=r"row 1, field 'prompt': missing"):
+        imported("ultrafeedback", jsonl(tmp_path / "p.jsonl", [no_prompt]))
+
+
+def test_skip_bad_rows_keeps_the_good_rows_and_each_bad_one_with_its_reason(tmp_path):
+    """One bad row of a real HH-RLHF file no longer stops the import, when asked."""
+    same = {"chosen": HH[1]["chosen"], "rejected": HH[1]["chosen"]}
+    mismatched = dict(HH[1], rejected="\n\nHuman: Say bye.\n\nAssistant: Bye.")
+    human_last = dict(HH[1], chosen=HH[1]["chosen"] + "\n\nHuman: Thanks.")
+    path = jsonl(tmp_path / "hh.jsonl", [HH[0], same, mismatched, HH[1], human_last])
+    with path.open("a") as handle:
+        handle.write("{oops\n")
+    with pytest.raises(DataError, match=r"hh.jsonl: row 2, field 'rejected': the same text"):
+        import_file(path, "hh")
+    result = import_file(path, "hh", skip_bad_rows=True)
+    assert [row["responses"][0] for row in result.rows] == ["Knead it and let it rise.", "Hi!"]
+    assert [(r.row, r.record) for r in result.rejected] == [
+        (2, same), (3, mismatched), (5, human_last), (6, "{oops")
+    ]  # fmt: skip
+    reasons = [r.reason for r in result.rejected]
+    assert reasons[0].startswith("field 'rejected': the same text as 'chosen'")
+    assert reasons[1].startswith("field 'rejected': its dialogue before the final answer")
+    assert reasons[2].startswith("field 'chosen': ends with a Human turn")
+    assert reasons[3].startswith("not valid JSON (")
+
+
+def test_skip_bad_rows_still_refuses_a_file_with_no_good_row(tmp_path):
+    path = jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}, {"prompt": "b", "response": " "}])
+    with pytest.raises(DataError) as err:
+        import_file(path, "sft", skip_bad_rows=True)
+    assert str(err.value) == (
+        f"{path}: no row to import: 2 of 2 rejected, the first (row 1) because field "
+        "'response': missing"
+    )
 
 
 def label_studio_task(annotations: list[dict]) -> dict:
@@ -201,7 +315,7 @@ def test_label_studio_rankings_and_buckets_become_ranked_rows(tmp_path):
     ]  # fmt: skip
     path = tmp_path / "export.json"
     path.write_text(json.dumps(export, indent=2))
-    order, buckets = import_label_studio(path)
+    order, buckets = imported("label-studio", path)
     assert order["prompt"] == "Capital of France?" and order["source"] == "export.json"
     assert order["responses"] == ["Paris.", "I don't know.", "Lyon."]
     assert order["ranks"] == [0, 1, 2]
@@ -212,22 +326,22 @@ def test_label_studio_rankings_and_buckets_become_ranked_rows(tmp_path):
 def test_label_studio_errors_name_the_task_and_annotation(tmp_path):
     path = tmp_path / "export.json"
     cases = [
-        ([{"id": 1}], r"row 0, field 'data': missing; is this a Label Studio JSON export"),
-        ([{"data": {"prompt": "q", "items": ["a"]}}], r"row 0, field 'data': no list of"),
+        ([{"id": 1}], r"row 1, field 'data': missing; is this a Label Studio JSON export"),
+        ([{"data": {"prompt": "q", "items": ["a"]}}], r"row 1, field 'data': no list of"),
         (
             [label_studio_task([{"result": [{"type": "choices", "value": {}}]}])],
-            r"row 0, field 'annotations\[0\].result': no ranker result",
+            r"row 1, field 'annotations\[0\].result': no ranker result",
         ),
         (
             [label_studio_task([ranker({"ranker": {"rank": ["a", "z"]}})])],
-            r"row 0, field 'annotations\[0\].result': ids \['z'\] are not among",
+            r"row 1, field 'annotations\[0\].result': ids \['z'\] are not among",
         ),
         ([label_studio_task([])], r"export.json: no task has a ranking annotation"),
     ]
     for export, message in cases:
         path.write_text(json.dumps(export))
         with pytest.raises(DataError, match=message):
-            import_label_studio(path)
+            imported("label-studio", path)
     path.write_text("[{oops")
     with pytest.raises(DataError, match=r"export.json: not valid JSON"):
-        import_label_studio(path)
+        imported("label-studio", path)

@@ -1,5 +1,6 @@
 """`rlhf label` through a pseudo-terminal: rankings with ties, bad input, skip, undo and quit,
-a kill that loses nothing, and a second labeler told how far they agree with the first."""
+a kill that loses nothing, a second session under the same name refused, a small terminal
+with arrow keys and a redraw, and a second labeler told how far they agree with the first."""
 
 from __future__ import annotations
 
@@ -73,6 +74,41 @@ def test_a_killed_session_resumes_at_the_next_unlabeled_item_with_nothing_lost(p
     session.expect_exact("all 4 items are labeled by alice")
     session.expect(pexpect.EOF)
     assert len(labels(project, "alice")) == 4
+
+
+def test_a_second_session_under_the_same_name_is_refused_and_the_first_loses_nothing(project):
+    first = start_labeling(project, "alice")
+    first.expect_exact(PROMPT)
+    answer(first, "A B C", "item 2 of 4")
+    second = start_labeling(project, "alice")  # another terminal, the same person
+    refused = second.expect([pexpect.EOF, PROMPT])
+    second.close()
+    assert refused == 0 and second.exitstatus == 2
+    assert second.before.count("error:") == 1 and "Traceback" not in second.before
+    assert "labeling/labels/alice.parquet: another `rlhf label` session holds it" in second.before
+    answer(first, "C B A", "item 3 of 4")
+    first.sendline("q")
+    first.expect(pexpect.EOF)
+    assert [label["ranking"] for label in labels(project, "alice")] == [[0, 1, 2], [2, 1, 0]]
+
+
+def test_a_small_terminal_keeps_the_progress_beside_the_prompt_and_explains_arrow_keys(project):
+    session = start_labeling(project, "alice", dimensions=(15, 60))
+    session.expect_exact("0 of 4 ranked · 0 skipped · rank> ")
+    answer(session, "\x1b[A", "arrow, function and Ctrl keys do nothing here")  # the up arrow
+    session.sendline("A B C")
+    session.expect_exact("item 2 of 4")
+    session.expect_exact("1 of 4 ranked · 0 skipped · rank> ")
+    session.sendline("r")  # after a resize: the item again, drawn at the new size
+    session.expect_exact("item 2 of 4")
+    session.expect_exact("1 of 4 ranked · 0 skipped · rank> ")
+    session.sendline("u")
+    session.expect_exact("item 1 of 4")
+    session.expect_exact("0 of 4 ranked · 0 skipped · rank> ")
+    session.sendline("q")
+    session.expect_exact("0 of 4 items ranked by alice; nothing saved")
+    session.expect(pexpect.EOF)
+    assert "saved in" not in session.before
 
 
 def test_a_second_labeler_sees_how_far_they_agree_with_the_first(project):

@@ -1,5 +1,6 @@
-"""The labeling queue's pieces: typed rankings, agreement between labelers, queue items and
-the comparisons people's labels become."""
+"""The labeling queue's pieces: typed rankings, agreement between labelers, queue items, the
+comparisons people's labels become, and a labeler's labels file kept whole: one session per
+name, each save merged with the file on disk."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 from rich.console import Console
 
 from rlhf.data.schemas import DataError
+from rlhf.errors import PipelineError
 from rlhf.labeling.queue import (
     all_labels,
     comparisons_from_labels,
+    hold_labels,
     item_id,
     labeling_stats,
     labels_file,
@@ -23,7 +26,7 @@ from rlhf.labeling.queue import (
     write_labels,
 )
 from rlhf.labeling.ranking import RankingError, agreement, format_ranking, parse_ranking
-from rlhf.labeling.terminal import label_queue
+from rlhf.labeling.terminal import Session, label_queue
 
 
 @pytest.mark.parametrize(
@@ -54,6 +57,12 @@ def test_a_typed_ranking_gives_dense_ranks_best_first(typed, n, ranks):
 )
 def test_a_typed_text_that_is_not_a_full_ranking_says_why(typed, message):
     with pytest.raises(RankingError, match=message):
+        parse_ranking(typed, 3)
+
+
+@pytest.mark.parametrize("typed", ["\x1b[A", "\x1b[D", "B \x1bOP A C", "\x01"])
+def test_arrow_function_and_ctrl_keys_get_a_readable_answer(typed):
+    with pytest.raises(RankingError, match=r"^arrow, function and Ctrl keys do nothing here: type"):
         parse_ranking(typed, 3)
 
 
@@ -109,7 +118,7 @@ def test_a_label_that_does_not_fit_its_item_names_file_row_and_field(tmp_path):
     queue = queue_items(rows("p1"), [], "round", seed=0)
     path = labels_file(tmp_path, "carol")
     write_labels(path, [new_label(queue[0]["item"], "carol", [0, 2])])
-    with pytest.raises(DataError, match=r"carol.parquet: row 0, field 'ranking': \[0, 2\] is not"):
+    with pytest.raises(DataError, match=r"carol.parquet: row 1, field 'ranking': \[0, 2\] is not"):
         all_labels(tmp_path, queue)
     with pytest.raises(DataError, match=r"labeler name '\.\./x'"):
         labels_file(tmp_path, "../x")
@@ -152,3 +161,55 @@ def test_agreement_shown_counts_each_item_once_after_an_undo(tmp_path, monkeypat
     assert "agrees with bob on 1 of 1 ordered pairs" in screen
     assert screen.count("agreement with others 100% of 1 pairs") == 2  # item 2, twice
     assert "of 2 pairs" not in screen  # the undone ranking no longer counts
+
+
+def test_r_or_ctrl_l_draws_the_item_again_and_the_progress_sits_beside_the_prompt(
+    tmp_path, monkeypatch
+):
+    queue = queue_items(rows("p1", "p2"), [], "round", seed=0)
+    screen = session(monkeypatch, tmp_path, queue, ["A B", "r", "\x0c", "q"])
+    assert shown(screen) == [1, 2, 2, 2]
+    assert screen.count("0 of 2 ranked · 0 skipped · rank> ") == 1
+    assert screen.count("1 of 2 ranked · 0 skipped · rank> ") == 3
+
+
+def test_quitting_says_what_was_saved_and_nothing_when_nothing_was(tmp_path, monkeypatch):
+    queue = queue_items(rows("p1", "p2"), [], "round", seed=0)
+    path = labels_file(tmp_path, "alice")
+    screen = session(monkeypatch, tmp_path, queue, ["q"])
+    assert "0 of 2 items ranked by alice; nothing saved" in screen and "saved in" not in screen
+    assert not path.exists()
+    screen = session(monkeypatch, tmp_path, queue, ["s", "q"])
+    assert f"0 of 2 items ranked by alice, 1 skipped, saved in {path}" in screen
+
+
+def test_a_second_session_under_the_same_name_is_refused_naming_the_file(tmp_path, monkeypatch):
+    queue = queue_items(rows("p1", "p2"), [], "round", seed=0)
+    path = labels_file(tmp_path, "alice")
+    with hold_labels(path):  # a session in another terminal
+        with pytest.raises(
+            PipelineError, match=f"^{re.escape(str(path))}: another `rlhf label` session holds it"
+        ):
+            session(monkeypatch, tmp_path, queue, ["A B", "q"])
+        assert not path.exists()
+        session(monkeypatch, tmp_path, queue, ["A B", "q"], labeler="bob")  # a file of its own
+    session(monkeypatch, tmp_path, queue, ["A B", "q"])  # the other session ended
+    assert [label["labeler"] for label in read_labels(path)] == ["alice"]
+
+
+def test_each_save_keeps_the_labels_another_writer_saved_meanwhile(tmp_path):
+    queue = queue_items(rows("p1", "p2", "p3"), [], "round", seed=0)
+    a, b, c = (item["item"] for item in queue)
+    path = labels_file(tmp_path, "alice")
+    stale = Session(queue, path, "alice", Console(file=io.StringIO()))
+    stale.save(a, [0, 1])
+    # a writer the lock did not stop (a network file system, a `git pull`) adds a label
+    write_labels(path, [*read_labels(path), new_label(b, "alice", [1, 0])])
+    stale.save(c, [])
+    assert [(label["item"], label["ranking"]) for label in read_labels(path)] == [
+        (a, [0, 1]), (b, [1, 0]), (c, []),
+    ]  # fmt: skip
+    assert stale.counts() == (2, 1)
+    stale.undo()  # takes back the last label in the file: the skip of c
+    assert [label["item"] for label in read_labels(path)] == [a, b]
+    assert stale.next_item() == queue[2] and stale.counts() == (2, 0)

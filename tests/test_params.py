@@ -3,7 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf.algorithms.rules import RULES as registered_rules
 from rlhf.params import (
+    RULES,
     Params,
     ParamsError,
     describe,
@@ -125,6 +127,45 @@ def test_cross_field_rules():
         parse_params({"tokenizer": {"kind": "pretrained"}})
     with pytest.raises(ParamsError, match=r"needs checkpoints in rl\.ensemble"):
         parse_params({"rl": {"reward": "ensemble"}})
+
+
+def test_what_a_late_stage_would_refuse_is_refused_by_the_params_check():
+    """An unknown rule failed the RL or evaluate stage, and too many answers for a person to
+    rank failed collect, each after SFT had trained: every stage now refuses them at start."""
+    with pytest.raises(ParamsError, match=r"rl.reward: 'rule:golden' names no rule; the rules"):
+        parse_params({"rl": {"reward": "rule:golden"}})
+    with pytest.raises(ParamsError, match=r"evaluate.judges: 'rule:x' names no rule"):
+        parse_params({"evaluate": {"judges": ["gold", "rule:x"]}})
+    with pytest.raises(ParamsError, match=r"= 27 answers per item are more than the 26 letters"):
+        parse_params({"collect": {"labeler": "human", "k": 20, "explore": 7, "mismatched": 0}})
+    assert parse_params({"collect": {"k": 20, "explore": 4}}).collect.answers_per_item() == 27
+
+
+def test_the_rule_names_params_checks_are_the_registered_rules():
+    assert tuple(registered_rules) == RULES
+
+
+def test_the_gold_judge_on_your_own_prompts_is_refused_before_any_stage_runs():
+    """The gold labeler crashed collect, after SFT had trained for minutes."""
+    with pytest.raises(ParamsError, match=r"collect.labeler: 'gold' needs the task suite's gold "
+                       r"judge, .* set collect.labeler to rm:PATH, hf:DIR or human"):  # fmt: skip
+        parse_params({"data": {"source": "files"}})
+    with pytest.raises(ParamsError, match=r"rl.reward: 'rule:gold' .* set rl.reward to rm"):
+        parse_params({"data": {"source": "files"}, "collect": {"labeler": "human"},
+                      "rl": {"reward": "rule:gold"}})  # fmt: skip
+    with pytest.raises(ParamsError, match=r"remove 'rule:gold' from evaluate.judges"):
+        parse_params({"data": {"source": "files"}, "collect": {"source": "files"},
+                      "evaluate": {"judges": ["rm", "rule:gold"]}})  # fmt: skip
+    assert parse_params({"data": {"source": "files"}, "collect": {"labeler": "human"}})
+
+
+def test_the_keys_needing_the_gold_judge():
+    assert Params().gold_judged() == {"collect.labeler": "gold"}
+    assert parse_params({"collect": {"source": "files"}}).gold_judged() == {}
+    both = parse_params({"rl": {"reward": "rule:gold"}, "evaluate": {"judges": ["rule:gold"]}})
+    assert both.gold_judged() == {
+        "collect.labeler": "gold", "rl.reward": "rule:gold", "evaluate.judges": "rule:gold"
+    }  # fmt: skip
 
 
 def test_each_rl_algorithm_has_its_own_group_with_only_the_settings_it_uses():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,12 +21,14 @@ from typer.testing import CliRunner
 from rlhf.cli import app
 from rlhf.data.schemas import SFT_SCHEMA, read_rows
 from rlhf.errors import ResourceError
+from rlhf.locks import try_lock
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.registry import build
 from rlhf.params import OptimParams
 from rlhf.stages import dpo
 from rlhf.stages.entry import DEBUG_ENV
+from rlhf.stages.outputs import STAGE_LOCKS
 from rlhf.train import loop
 from rlhf.train.guard import NonFiniteError
 from rlhf.train.memory import Workload, estimate_bytes, preflight
@@ -36,6 +39,7 @@ from conftest import (
     kill_at_first_save,
     make_project,
     run_module,
+    start_until_saved,
     write_params,
 )
 
@@ -216,6 +220,44 @@ def test_killed_rm_resumes_and_matches_an_uninterrupted_run(trained_project, tmp
     assert_resume_matches(project, trained_project, "rm", resume)
 
 
+def test_a_stage_another_process_runs_is_refused_in_one_line(trained_project, tmp_path):
+    """However each is started, two runs of one stage would race to its outputs and the second
+    would delete the first's temporaries: it is refused at once, changing nothing."""
+    project = copy_of(trained_project, tmp_path / "p")
+    write_params(project, {"rm.epochs": 2})  # out of date: it would run
+    stale = project / ".rlhf" / "resume" / ".rm.pt.k1ll3d.tmp"  # the running one's save
+    stale.mkdir(parents=True)
+    (stale / "half").write_bytes(b"half-written")
+    before = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    running = try_lock(project / STAGE_LOCKS / "rm.lock")  # as a running rm holds it
+    start = time.monotonic()
+    second = subprocess.run(
+        [sys.executable, "-m", "rlhf.stages.rm"],
+        cwd=project, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert second.returncode == 2 and time.monotonic() - start < 10
+    one_error_line(second.stderr, "stage rm is already running", ".rlhf/locks/rm.lock")
+    assert {p: p.read_bytes() for p in project.rglob("*") if p.is_file()} == before
+    running.close()
+    run_module("rlhf.stages.rm", project)  # released: it runs, and clears the temporary
+    assert not stale.exists()
+
+
+def test_sigterm_stops_a_stage_as_ctrl_c_does_and_the_rerun_resumes(trained_project, tmp_path):
+    """`kill`, `docker stop` or a scheduler's cancel: a line, exit 130, the resume state kept."""
+    project = copy_of(trained_project, tmp_path / "p")
+    for path in ("artifacts/rm", "metrics/rm.json"):
+        shutil.rmtree(project / path) if (project / path).is_dir() else (project / path).unlink()
+    write_params(project, {"rm.save_every": 2})
+    resume = project / ".rlhf" / "resume" / "rm.pt"
+    running = start_until_saved(project, "rlhf.stages.rm", resume)
+    running.send_signal(signal.SIGTERM)
+    _, stopped = running.communicate(timeout=60)
+    assert running.returncode == 130
+    one_error_line(stopped, "interrupted; run the command again to resume")
+    assert_resume_matches(project, trained_project, "rm", resume)
+
+
 # -- all outputs or none ----------------------------------------------------------------------
 
 
@@ -345,3 +387,17 @@ def test_the_malformed_input_corpus_runs_and_its_cli_cases_pass(trained_project,
     assert main(["--entries", "rlhf", "--only", *only], base=trained_project) == 0
     table = capsys.readouterr().out
     assert "5 runs: 5/5 as expected (100%), 0 tracebacks, 0 files changed" in table
+
+
+def test_a_log_line_stays_one_line_off_a_terminal():
+    """Rich wraps at 80 columns when it cannot ask a terminal: a CI or Prefect log would get
+    one message over several lines."""
+    message = "resume state .rlhf/resume/sft.pt: not a readable checkpoint " + "x" * 300
+    script = (
+        "import sys; from rlhf.stages.common import console; from rlhf.stages.entry import "
+        "print_error; console.print(sys.argv[1]); print_error(sys.argv[1])"
+    )
+    logged = subprocess.run(
+        [sys.executable, "-c", script, message], capture_output=True, text=True, check=True
+    ).stderr.splitlines()
+    assert logged == [message, f"error: {message}"]

@@ -88,7 +88,8 @@ def test_report_tables_come_from_the_metrics(tmp_path):
         figures={"Win rates": "figures/win_rates.png"},
     )
     assert "| gold score, sampled | 0.600 | 0.700 |" in text
-    assert "| ppo vs sft | 0.610 | 0.550 – 0.660 | 0.740 | 0.620 – 0.850 | 0.500 | 0.500 |" in text
+    row = "| ppo vs sft | 0.610 | 0.550 – 0.660 (n = 10) | 0.740 | 0.620 – 0.850 (n = 10) |"
+    assert row + " 0.500 | 0.500 |" in text
     assert "**Judged by `gold`**, the task suite's programmatic judge" in text
     assert "Over-optimization points of ppo" in text
     assert "| add | 0.500 | 0.500 |" in text  # gold by task

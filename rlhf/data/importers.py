@@ -2,38 +2,63 @@
 
 Six kinds: demonstrations (`sft`), and five shapes of preference data that all become ranked
 rows (rank 0 = best, equal ranks tie) for the reward model: plain pairs, Anthropic HH-RLHF
-transcripts, the ranked lists that annotation tools export, UltraFeedback's scored
-completions, and Label Studio's export of a ranking project.
+transcripts, the ranked lists that annotation tools export (or the pipeline's own flat
+`responses` and `ranks`), UltraFeedback's scored completions, and Label Studio's export of a
+ranking project.
 
-Each row is checked before anything is written: its JSON, its UTF-8 (the byte offset of a bad
-sequence is named), its size (`MAX_ROW_BYTES`), its fields, HH transcripts that must end with
-the Assistant's answer, and pairs whose chosen and rejected answers are the same text.
+Each row is checked before anything is written: by the one row rule (`rlhf.data.rows`: size,
+fields, types), and by its kind's own checks: its JSON, HH transcripts that must end with the
+Assistant's answer, pairs whose chosen and rejected answers are the same text, scores that are
+numbers. A bad row stops the import with the file, the row (from 1; in a JSONL file, its line)
+and the field; or, with `skip_bad_rows`, it is set aside with its reason, so one bad row in a
+public data set of thousands costs that row alone. A file that cannot be read as rows at all
+(not UTF-8, where the byte offset is named; not Parquet; no rows) is refused whole.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlhf.data.schemas import (
-    PREFERENCE_SCHEMA,
-    RANKED_SCHEMA,
-    SFT_SCHEMA,
-    DataError,
-    validate_rows,
-)
+from rlhf.atomic import write_text
+from rlhf.data.rows import RowError, check_fields, check_size, check_text
+from rlhf.data.schemas import PREFERENCE_SCHEMA, RANKED_SCHEMA, SFT_SCHEMA, DataError
 
 ASSISTANT_TURN = "\n\nAssistant:"
 HUMAN_TURN = "\n\nHuman:"
-# The largest row accepted, in bytes of UTF-8 text: far beyond what any context a model here
-# reads holds (32,768 tokens are about 130 KB), so a bigger row is a mis-joined file or a
-# document pasted whole, not a demonstration. Rejected, never silently truncated.
-MAX_ROW_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """One row of a user's file as read, before any check."""
+
+    number: int  # from 1, as the user counts; in a JSONL file, its line
+    value: Any  # the JSON value or Parquet row; a JSONL line's text where it is not JSON
+    unparsed: str | None = None  # why a JSONL line is not JSON
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A row that `skip_bad_rows` left out: its number, why, and the row as it was read."""
+
+    row: int
+    reason: str
+    record: Any
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What an import gives: the rows to write, and those `skip_bad_rows` set aside."""
+
+    rows: list[dict[str, Any]]
+    rejected: list[Rejected]
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -55,21 +80,8 @@ def read_lines(path: str | Path) -> list[str]:
     return lines
 
 
-def _check_size(path: Path, row: int, size: int) -> None:
-    if size > MAX_ROW_BYTES:
-        raise DataError(
-            f"{path}: row {row}: {size:,} bytes, over the limit of {MAX_ROW_BYTES:,} bytes per "
-            "row; split or shorten it"
-        )
-
-
-def _text_bytes(record: dict[str, Any]) -> int:
-    """UTF-8 bytes of a record's text, nested lists and objects included."""
-    return len(json.dumps(record, ensure_ascii=False).encode())
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a `.jsonl` or `.parquet` file, each a dict; row numbers start at 0."""
+def read_records(path: str | Path) -> list[SourceRow]:
+    """The rows of a `.jsonl`, `.json` or `.parquet` file; a file with none is refused."""
     path = Path(path)
     if path.suffix not in (".jsonl", ".json", ".parquet"):
         raise DataError(f"{path}: expected a .jsonl, .json or .parquet file")
@@ -80,98 +92,98 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
             records = pq.read_table(path).to_pylist()
         except (OSError, pa.ArrowInvalid) as exc:
             raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
-        for index, record in enumerate(records):
-            _check_size(path, index, _text_bytes(record))
-        if not records:
-            raise DataError(f"{path}: no rows")
-        return records
-    lines = read_lines(path)
-    if path.suffix == ".json" and "".join(lines).lstrip().startswith("["):
-        return _json_array(path, "\n".join(lines))
-    records = []
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        _check_size(path, len(records), len(line.encode()))
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: row {len(records)}: not valid JSON ({exc})") from exc
-        if not isinstance(record, dict):
-            raise DataError(
-                f"{path}: row {len(records)}: expected a JSON object (line {index + 1})"
-            )
-        records.append(record)
-    if not records:
+        rows = [SourceRow(number, record) for number, record in enumerate(records, start=1)]
+    else:
+        lines = read_lines(path)
+        if path.suffix == ".json" and "".join(lines).lstrip().startswith("["):
+            rows = _json_array(path, "\n".join(lines))
+        else:
+            rows = [_jsonl_row(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    if not rows:
         raise DataError(f"{path}: no rows")
-    return records
+    return rows
 
 
-def _json_array(path: Path, text: str) -> list[dict[str, Any]]:
+def _jsonl_row(number: int, line: str) -> SourceRow:
+    try:
+        return SourceRow(number, json.loads(line))
+    except json.JSONDecodeError as exc:
+        return SourceRow(number, line, f"not valid JSON ({exc})")
+
+
+def _json_array(path: Path, text: str) -> list[SourceRow]:
     """A `.json` file holding one array of objects, as Label Studio exports tasks."""
     try:
         records = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc})") from exc
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise DataError(f"{path}: row {index}: expected a JSON object")
-        _check_size(path, index, _text_bytes(record))
-    if not records:
-        raise DataError(f"{path}: no rows")
-    return records
+    return [SourceRow(number, record) for number, record in enumerate(records, start=1)]
 
 
-def _meta(record: dict[str, Any], path: Path) -> dict[str, Any]:
-    return {"task": record.get("task", "user"), "source": record.get("source", path.name)}
+def record_of(row: SourceRow) -> dict[str, Any]:
+    """The row as an object within the size limit, or the RowError that says why not."""
+    if row.unparsed is not None:
+        raise RowError(None, row.unparsed)
+    if not isinstance(row.value, dict):
+        raise RowError(None, "expected a JSON object")
+    check_size(row.value)
+    return row.value
 
 
-def import_sft(path: str | Path) -> list[dict[str, Any]]:
-    """Demonstration rows (prompt, response); `task` defaults to "user", `source` to the file."""
-    path = Path(path)
-    rows = [
-        {"prompt": r.get("prompt"), "response": r.get("response"), **_meta(r, path)}
-        for r in read_records(path)
-    ]
-    validate_rows(rows, SFT_SCHEMA, path)
-    return rows
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompts of a text file, one a line, blank lines skipped, each line held to the size
+    limit of the row rule. A file without one is refused: answering nothing is never asked."""
+    prompts = []
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            check_size({"prompt": line})
+        except RowError as exc:
+            raise exc.at(path, number) from None
+        prompts.append(line)
+    if not prompts:
+        raise DataError(f"{path}: holds no prompts; write one prompt a line")
+    return prompts
 
 
-def _pairs_to_ranked(pairs: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
-    validate_rows(pairs, PREFERENCE_SCHEMA, path)
-    for index, pair in enumerate(pairs):
-        if pair["chosen"].strip() == pair["rejected"].strip():
-            raise DataError(
-                f"{path}: row {index}, field 'rejected': the same text as 'chosen'; a pair of "
-                "identical answers teaches nothing"
-            )
-    rows = [
+def _meta(record: dict[str, Any], source: str) -> dict[str, Any]:
+    return {"task": record.get("task", "user"), "source": record.get("source", source)}
+
+
+def _present(record: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The fields of `record` among `names`; an absent one stays absent, so that the row rule
+    calls it missing rather than null."""
+    return {name: record[name] for name in names if name in record}
+
+
+def _sft(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """A demonstration (prompt, response); `task` defaults to "user", `source` to the file."""
+    return [{**_present(record, "prompt", "response"), **_meta(record, source)}]
+
+
+def _ranked_pair(pair: dict[str, Any]) -> list[dict[str, Any]]:
+    check_fields(pair, PREFERENCE_SCHEMA)
+    if pair["chosen"].strip() == pair["rejected"].strip():
+        raise RowError(
+            "rejected", "the same text as 'chosen'; a pair of identical answers teaches nothing"
+        )
+    return [
         {
-            "prompt": p["prompt"],
-            "responses": [p["chosen"], p["rejected"]],
+            "prompt": pair["prompt"],
+            "responses": [pair["chosen"], pair["rejected"]],
             "ranks": [0, 1],
-            "task": p["task"],
-            "source": p["source"],
+            "task": pair["task"],
+            "source": pair["source"],
         }
-        for p in pairs
     ]
-    validate_rows(rows, RANKED_SCHEMA, path)
-    return rows
 
 
-def import_pairwise(path: str | Path) -> list[dict[str, Any]]:
-    """Rows (prompt, chosen, rejected) as ranked pairs."""
-    path = Path(path)
-    pairs = [
-        {
-            "prompt": r.get("prompt"),
-            "chosen": r.get("chosen"),
-            "rejected": r.get("rejected"),
-            **_meta(r, path),
-        }
-        for r in read_records(path)
-    ]
-    return _pairs_to_ranked(pairs, path)
+def _pairwise(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """A pair (prompt, chosen, rejected) as a ranked pair."""
+    return _ranked_pair(
+        {**_present(record, "prompt", "chosen", "rejected"), **_meta(record, source)}
+    )
 
 
 def split_transcript(transcript: str) -> tuple[str, str]:
@@ -186,75 +198,54 @@ def split_transcript(transcript: str) -> tuple[str, str]:
     return transcript[:cut].strip(), transcript[cut + len(ASSISTANT_TURN) :].strip()
 
 
-def import_hh(path: str | Path) -> list[dict[str, Any]]:
-    """Anthropic HH-RLHF rows, where `chosen` and `rejected` are whole transcripts that share
+def _hh(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """An Anthropic HH-RLHF row, where `chosen` and `rejected` are whole transcripts that share
     every turn but the final answer."""
-    path = Path(path)
-    pairs = []
-    for index, record in enumerate(read_records(path)):
-        parts = {}
-        for field in ("chosen", "rejected"):
-            text = record.get(field)
-            if not isinstance(text, str) or not text.strip():
-                raise DataError(
-                    f"{path}: row {index}, field '{field}': missing or empty transcript"
-                )
-            try:
-                parts[field] = split_transcript(text)
-            except ValueError as exc:
-                raise DataError(f"{path}: row {index}, field '{field}': {exc}") from exc
-        if parts["chosen"][0] != parts["rejected"][0]:
-            raise DataError(
-                f"{path}: row {index}, field 'rejected': its dialogue before the final answer "
-                "differs from the one in 'chosen'"
-            )
-        pairs.append(
-            {
-                "prompt": parts["chosen"][0],
-                "chosen": parts["chosen"][1],
-                "rejected": parts["rejected"][1],
-                **_meta(record, path),
-            }
+    parts = {}
+    for field in ("chosen", "rejected"):
+        text = check_text(record, field)
+        try:
+            parts[field] = split_transcript(text)
+        except ValueError as exc:
+            raise RowError(field, str(exc)) from None
+    if parts["chosen"][0] != parts["rejected"][0]:
+        raise RowError(
+            "rejected", "its dialogue before the final answer differs from the one in 'chosen'"
         )
-    return _pairs_to_ranked(pairs, path)
+    return _ranked_pair({
+        "prompt": parts["chosen"][0],
+        "chosen": parts["chosen"][1],
+        "rejected": parts["rejected"][1],
+        **_meta(record, source),
+    })  # fmt: skip
 
 
-def import_ranked(path: str | Path) -> list[dict[str, Any]]:
-    """Rows (prompt, responses: [{text, rank}, ...]) as annotation tools export them."""
-    path = Path(path)
-    rows = []
-    for index, record in enumerate(read_records(path)):
-        items = record.get("responses")
-        if not isinstance(items, list) or not all(
-            isinstance(i, dict) and "text" in i and "rank" in i for i in items
-        ):
-            raise DataError(
-                f"{path}: row {index}, field 'responses': expected a list of {{text, rank}} objects"
-            )
-        texts = [i["text"] for i in items]
-        if len({t.strip() if isinstance(t, str) else repr(t) for t in texts}) < len(texts):
-            raise DataError(
-                f"{path}: row {index}, field 'responses': the same text appears twice; "
-                "identical answers cannot be ranked apart"
-            )
-        rows.append(
-            {
-                "prompt": record.get("prompt"),
-                "responses": texts,
-                "ranks": [i["rank"] for i in items],
-                **_meta(record, path),
-            }
-        )
-    validate_rows(rows, RANKED_SCHEMA, path)
-    return rows
+def _ranked(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """A ranking in either shape: `responses` as [{text, rank}] objects, as annotation tools
+    export them, or as texts beside `ranks` [int], as the pipeline's comparisons hold them."""
+    items = record.get("responses")
+    if isinstance(items, list) and items and all(isinstance(i, dict) for i in items):
+        ranking = _ranking_of_objects(items)
+    else:
+        ranking = _present(record, "responses", "ranks")
+    return [{**_present(record, "prompt"), **ranking, **_meta(record, source)}]
+
+
+def _ranking_of_objects(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    for number, item in enumerate(items):
+        for key in ("text", "rank"):
+            if key not in item:
+                raise RowError(f"responses[{number}]", f"has no '{key}'")
+    return {"responses": [i["text"] for i in items], "ranks": [i["rank"] for i in items]}
 
 
 SCORE_FIELDS = ("overall_score", "score")  # UltraFeedback's, then the generic name
 TEXT_FIELDS = ("response", "text")
 
 
-def _first_field(item: dict[str, Any], names: tuple[str, ...]) -> Any:
-    return next((item[n] for n in names if item.get(n) is not None), None)
+def _first_field(item: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, Any]:
+    """The first of `names` that `item` holds a value in, with the value; (None, None) if none."""
+    return next(((n, item[n]) for n in names if item.get(n) is not None), (None, None))
 
 
 def ranks_of(scores: list[float]) -> list[int]:
@@ -263,42 +254,41 @@ def ranks_of(scores: list[float]) -> list[int]:
     return [levels.index(score) for score in scores]
 
 
-def import_ultrafeedback(path: str | Path) -> list[dict[str, Any]]:
-    """UltraFeedback-style rows: a prompt (`prompt`, or UltraFeedback's `instruction`) and
+def _ultrafeedback(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """An UltraFeedback-style row: a prompt (`prompt`, or UltraFeedback's `instruction`) and
     several `completions`, each a text (`response` or `text`) with a score (`overall_score`
     or `score`), higher is better. Ranks follow the scores, equal scores tie; a completion
     repeated with the same score counts once. A row whose completions all share one score
-    holds no preference and is left out."""
-    path = Path(path)
-    rows = []
-    for index, record in enumerate(read_records(path)):
-        where = f"{path}: row {index}, field 'completions"
-        items = record.get("completions")
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            raise DataError(f"{where}': expected a list of {{response, overall_score}} objects")
-        scored: dict[str, float] = {}
-        for number, item in enumerate(items):
-            text, score = _first_field(item, TEXT_FIELDS), _first_field(item, SCORE_FIELDS)
-            if not isinstance(text, str) or not text.strip():
-                raise DataError(f"{where}[{number}]': no text in 'response' or 'text'")
-            if isinstance(score, bool) or not isinstance(score, int | float):
-                raise DataError(f"{where}[{number}]': no number in 'overall_score' or 'score'")
-            if scored.setdefault(text, float(score)) != score:
-                raise DataError(
-                    f"{where}[{number}]': the same text as an earlier completion with another score"
-                )
-        if len(set(scored.values())) < 2:
-            continue
-        rows.append({
-            "prompt": _first_field(record, ("prompt", "instruction")),
-            "responses": list(scored),
-            "ranks": ranks_of(list(scored.values())),
-            **_meta(record, path),
-        })  # fmt: skip
-    if not rows:
-        raise DataError(f"{path}: every row's completions share one score; nothing to learn")
-    validate_rows(rows, RANKED_SCHEMA, path)
-    return rows
+    holds no preference and gives no row."""
+    if "completions" not in record:
+        raise RowError("completions", "missing")
+    items = record["completions"]
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise RowError("completions", "expected a list of {response, overall_score} objects")
+    scored: dict[str, float] = {}
+    for number, item in enumerate(items):
+        where = f"completions[{number}]"
+        _, text = _first_field(item, TEXT_FIELDS)
+        name, score = _first_field(item, SCORE_FIELDS)
+        if not isinstance(text, str) or not text.strip():
+            raise RowError(where, "no text in 'response' or 'text'")
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise RowError(where, "no number in 'overall_score' or 'score'")
+        if not math.isfinite(score):
+            raise RowError(
+                where, f"'{name}' is {'NaN' if math.isnan(score) else score}, not a score"
+            )
+        if scored.setdefault(text, float(score)) != score:
+            raise RowError(where, "the same text as an earlier completion with another score")
+    if len(set(scored.values())) < 2:
+        return []
+    name, prompt = _first_field(record, ("prompt", "instruction"))
+    return [{
+        **({"prompt": prompt} if name else _present(record, "prompt")),
+        "responses": list(scored),
+        "ranks": ranks_of(list(scored.values())),
+        **_meta(record, source),
+    }]  # fmt: skip
 
 
 def _ranker_levels(value: dict[str, Any]) -> list[list[str]]:
@@ -311,47 +301,40 @@ def _ranker_levels(value: dict[str, Any]) -> list[list[str]]:
     return [[str(item) for item in ids] for ids in lists.values() if ids]
 
 
-def import_label_studio(path: str | Path) -> list[dict[str, Any]]:
-    """Label Studio's JSON export of a ranking project (a List of answers and a Ranker): each
-    task's `data` has the `prompt` and the answers as a list of {id, body} items (`text` or
-    `title` where `body` is absent); each annotation's Ranker result orders their ids, or sorts
-    them into buckets that are tied levels. One ranked row per annotation, so several labelers'
-    rankings of one task all count; cancelled annotations and unlabeled tasks are skipped."""
-    path = Path(path)
+def _label_studio(task: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """A task of Label Studio's JSON export of a ranking project (a List of answers and a
+    Ranker): its `data` has the `prompt` and the answers as a list of {id, body} items (`text`
+    or `title` where `body` is absent); each annotation's Ranker result orders their ids, or
+    sorts them into buckets that are tied levels. One ranked row per annotation, so several
+    labelers' rankings of one task all count; cancelled annotations are skipped, and an
+    unlabeled task gives no row."""
+    data = task.get("data")
+    if not isinstance(data, dict):
+        raise RowError("data", "missing; is this a Label Studio JSON export?")
+    lists = [v for v in data.values() if isinstance(v, list) and v and
+             all(isinstance(i, dict) and "id" in i for i in v)]  # fmt: skip
+    if not lists:
+        raise RowError("data", "no list of {id, body} items")
+    texts = {str(i["id"]): _first_field(i, ("body", "text", "title"))[1] for i in lists[0]}
+    annotations = [a for a in task.get("annotations") or [] if not a.get("was_cancelled")]
     rows = []
-    for index, task in enumerate(read_records(path)):
-        data = task.get("data")
-        if not isinstance(data, dict):
-            raise DataError(f"{path}: row {index}, field 'data': missing; is this a Label "
-                            "Studio JSON export?")  # fmt: skip
-        lists = [v for v in data.values() if isinstance(v, list) and v and
-                 all(isinstance(i, dict) and "id" in i for i in v)]  # fmt: skip
-        if not lists:
-            raise DataError(f"{path}: row {index}, field 'data': no list of {{id, body}} items")
-        texts = {str(i["id"]): _first_field(i, ("body", "text", "title")) for i in lists[0]}
-        annotations = [a for a in task.get("annotations") or [] if not a.get("was_cancelled")]
-        for number, annotation in enumerate(annotations):
-            where = f"{path}: row {index}, field 'annotations[{number}].result'"
-            rankers = [
-                r["value"] for r in annotation.get("result", []) if r.get("type") == "ranker"
-            ]
-            if not rankers:
-                raise DataError(f"{where}: no ranker result")
-            levels = _ranker_levels(rankers[0])
-            ranked = {item: level for level, ids in enumerate(levels) for item in ids}
-            unknown = set(ranked) - set(texts)
-            if unknown:
-                raise DataError(f"{where}: ids {sorted(unknown)} are not among the task's items")
-            rows.append({
-                "prompt": data.get("prompt"),
-                "responses": [texts[item] for item in ranked],
-                "ranks": list(ranked.values()),
-                "task": data.get("task", "user"),
-                "source": path.name,
-            })  # fmt: skip
-    if not rows:
-        raise DataError(f"{path}: no task has a ranking annotation")
-    validate_rows(rows, RANKED_SCHEMA, path)
+    for number, annotation in enumerate(annotations):
+        where = f"annotations[{number}].result"
+        rankers = [r["value"] for r in annotation.get("result", []) if r.get("type") == "ranker"]
+        if not rankers:
+            raise RowError(where, "no ranker result")
+        levels = _ranker_levels(rankers[0])
+        ranked = {item: level for level, ids in enumerate(levels) for item in ids}
+        unknown = set(ranked) - set(texts)
+        if unknown:
+            raise RowError(where, f"ids {sorted(unknown)} are not among the task's items")
+        rows.append({
+            **_present(data, "prompt"),
+            "responses": [texts[item] for item in ranked],
+            "ranks": list(ranked.values()),
+            "task": data.get("task", "user"),
+            "source": source,
+        })  # fmt: skip
     return rows
 
 
@@ -370,11 +353,63 @@ def best_answers(ranked: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-IMPORTERS: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
-    "sft": import_sft,
-    "pairwise": import_pairwise,
-    "hh": import_hh,
-    "ranked": import_ranked,
-    "ultrafeedback": import_ultrafeedback,
-    "label-studio": import_label_studio,
+@dataclass(frozen=True)
+class Kind:
+    """How one kind of file is imported: `convert` turns a row into rows of `schema` (none
+    where it holds no preference) or raises RowError."""
+
+    convert: Callable[[dict[str, Any], str], list[dict[str, Any]]]
+    schema: pa.Schema
+    nothing: str = "no rows"  # why a file none of whose rows gives a row is refused
+
+
+IMPORTERS: dict[str, Kind] = {
+    "sft": Kind(_sft, SFT_SCHEMA),
+    "pairwise": Kind(_pairwise, RANKED_SCHEMA),
+    "hh": Kind(_hh, RANKED_SCHEMA),
+    "ranked": Kind(_ranked, RANKED_SCHEMA),
+    "ultrafeedback": Kind(
+        _ultrafeedback, RANKED_SCHEMA, "every row's completions share one score; nothing to learn"
+    ),
+    "label-studio": Kind(_label_studio, RANKED_SCHEMA, "no task has a ranking annotation"),
 }
+
+
+def import_file(path: str | Path, kind: str, skip_bad_rows: bool = False) -> Imported:
+    """The rows of a user's file of `kind`, each checked. A bad row is an error naming the
+    file, the row and the field, or with `skip_bad_rows` is rejected with its reason; a file
+    that gives no row at all is refused either way."""
+    path, how = Path(path), IMPORTERS[kind]
+    sources = read_records(path)
+    rows: list[dict[str, Any]] = []
+    rejected: list[Rejected] = []
+    for source in sources:
+        try:
+            converted = how.convert(record_of(source), path.name)
+            for row in converted:
+                check_fields(row, how.schema)
+        except RowError as exc:
+            if not skip_bad_rows:
+                raise exc.at(path, source.number) from None
+            rejected.append(Rejected(source.number, str(exc), source.value))
+        else:
+            rows += converted
+    if rows:
+        return Imported(rows, rejected)
+    if rejected:
+        first = rejected[0]
+        raise DataError(
+            f"{path}: no row to import: {len(rejected)} of {len(sources)} rejected, the first "
+            f"(row {first.row}) because {first.reason}"
+        )
+    raise DataError(f"{path}: {how.nothing}")
+
+
+def write_rejected(path: str | Path, rejected: list[Rejected]) -> None:
+    """The rejected rows as JSONL, atomically: a `{"row", "reason", "record"}` object a line,
+    `record` being the row as it was read (a line's text where it was not JSON)."""
+    lines = (
+        json.dumps({"row": r.row, "reason": r.reason, "record": r.record}, default=str) + "\n"
+        for r in rejected
+    )
+    write_text(path, "".join(lines))

@@ -1,8 +1,9 @@
 """Parquet schemas and validating readers and writers.
 
 Every dataset the pipeline passes between stages is a Parquet file with one of the schemas
-below. Readers check every row, because a null or empty text found mid-training wastes the run:
-they fail at once with the file, the row index and the field.
+below. Readers and writers hold every row to the one row rule (`rlhf.data.rows`), because a
+null, empty or giant text found mid-training wastes the run: they fail at once with the file,
+the row (counted from 1) and the field.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlhf.atomic import atomic_path
-from rlhf.errors import PipelineError
+from rlhf.data.rows import DataError, RowError, check_row
 
 _META = [pa.field("task", pa.string()), pa.field("source", pa.string())]
 
@@ -41,62 +42,14 @@ PROMPT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), *_META])
 # accuracy against the clean ordering can be measured; empty for imported data (no judge).
 COMPARISON_SCHEMA = RANKED_SCHEMA.append(pa.field("gold_scores", pa.list_(pa.float64())))
 
-_TEXT_FIELDS = {"prompt", "response", "chosen", "rejected"}
-_MAY_BE_EMPTY = {"gold_scores", "ranking"}  # ranking: a skipped item
-
-
-class DataError(PipelineError, ValueError):
-    """A dataset row that does not match its schema."""
-
-
-def _row_error(path: str | Path, row: int, field: str, problem: str) -> DataError:
-    return DataError(f"{path}: row {row}, field '{field}': {problem}")
-
 
 def validate_rows(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: str | Path) -> None:
-    """Raise DataError for the first row that breaks the schema's rules."""
-    for index, row in enumerate(rows):
-        for field in schema:
-            name = field.name
-            if name not in row:
-                raise _row_error(path, index, name, "missing")
-            value = row[name]
-            if value is None:
-                raise _row_error(path, index, name, "is null")
-            if pa.types.is_string(field.type):
-                if not isinstance(value, str):
-                    raise _row_error(path, index, name, f"expected text, got {value!r}")
-                if name in _TEXT_FIELDS and not value.strip():
-                    raise _row_error(path, index, name, "is empty")
-            elif pa.types.is_list(field.type) and (
-                not isinstance(value, (list, tuple)) or not (value or name in _MAY_BE_EMPTY)
-            ):
-                raise _row_error(path, index, name, f"expected a non-empty list, got {value!r}")
-        if "ranks" in schema.names:
-            _validate_ranking(row, index, path, allow_empty="gold_scores" in schema.names)
-
-
-def _validate_ranking(row: dict[str, Any], index: int, path: str | Path, allow_empty: bool) -> None:
-    """allow_empty: a policy's sample may be empty (it ended at once), an imported answer not."""
-    responses, ranks = row["responses"], row["ranks"]
-    if len(responses) < 2:
-        raise _row_error(path, index, "responses", "needs at least 2 responses to rank")
-    if len(ranks) != len(responses):
-        raise _row_error(
-            path, index, "ranks", f"has {len(ranks)} ranks for {len(responses)} responses"
-        )
-    for position, text in enumerate(responses):
-        if not isinstance(text, str) or not (text.strip() or allow_empty):
-            raise _row_error(path, index, "responses", f"item {position} is empty or not text")
-    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
-        raise _row_error(path, index, "ranks", f"expected non-negative integers, got {ranks!r}")
-    if len(set(ranks)) < 2:
-        raise _row_error(path, index, "ranks", "all responses share one rank: nothing to learn")
-    gold = row.get("gold_scores")
-    if gold and len(gold) != len(responses):
-        raise _row_error(
-            path, index, "gold_scores", f"has {len(gold)} scores for {len(responses)} responses"
-        )
+    """Raise DataError for the first row that breaks the row rule (`rlhf.data.rows`)."""
+    for number, row in enumerate(rows, start=1):
+        try:
+            check_row(row, schema)
+        except RowError as exc:
+            raise exc.at(path, number) from None
 
 
 def write_rows(path: str | Path, rows: Sequence[dict[str, Any]], schema: pa.Schema) -> None:
@@ -117,7 +70,7 @@ def read_rows(path: str | Path, schema: pa.Schema) -> list[dict[str, Any]]:
         raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
     for field in schema:
         if field.name not in table.column_names:
-            raise DataError(f"{path}: row 0, field '{field.name}': column missing")
+            raise DataError(f"{path}: field '{field.name}': column missing")
         actual = table.schema.field(field.name).type
         if not _compatible(actual, field.type):
             raise DataError(

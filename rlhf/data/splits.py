@@ -8,6 +8,19 @@ from typing import Any
 from rlhf.data.schemas import DataError
 
 Rows = list[dict[str, Any]]
+MIN_HELDOUT = 32  # held-out prompts below which a win rate's 95% interval is wider than about ±0.17
+
+
+def split_sizes(prompts: int, val_fraction: float, heldout_fraction: float) -> tuple[int, int]:
+    """(held-out, validation) prompt counts out of `prompts` distinct prompts.
+
+    The held-out share is `heldout_fraction`, raised to MIN_HELDOUT prompts where that gives
+    fewer, but never above half of what validation leaves: a handful of held-out prompts makes
+    every win rate's interval span most of [0, 1], while training needs the rest.
+    """
+    n_val = max(1, int(val_fraction * prompts))
+    floor = min(MIN_HELDOUT, (prompts - n_val) // 2)
+    return max(1, int(heldout_fraction * prompts), floor), n_val
 
 
 def split_demonstrations(
@@ -17,8 +30,7 @@ def split_demonstrations(
     training and held-out prompts. One prompt's demonstrations stay on one side."""
     prompts = sorted({r["prompt"] for r in rows})
     random.Random(seed).shuffle(prompts)
-    n_held = max(1, int(heldout_fraction * len(prompts)))
-    n_val = max(1, int(val_fraction * len(prompts)))
+    n_held, n_val = split_sizes(len(prompts), val_fraction, heldout_fraction)
     if n_held + n_val >= len(prompts):
         raise DataError(f"{source}: {len(prompts)} distinct prompts are too few to split")
     heldout, val = set(prompts[:n_held]), set(prompts[n_held : n_held + n_val])

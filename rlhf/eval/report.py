@@ -59,10 +59,12 @@ def policies_table(metrics: Mapping[str, Any]) -> list[str]:
     )
 
 
-def _interval(ci: Mapping[str, float | None]) -> str:
+def _interval(ci: Mapping[str, float | None], prompts: int) -> str:
+    """An interval with the count of held-out prompts it was bootstrapped over: on a few dozen
+    prompts every interval is wide, and the count says why."""
     if ci["low"] is None or ci["high"] is None:
         return "–"
-    return f"{ci['low']:.3f} – {ci['high']:.3f}"
+    return f"{ci['low']:.3f} – {ci['high']:.3f} (n = {prompts})"
 
 
 def win_rates_table(metrics: Mapping[str, Any], judge: str) -> list[str]:
@@ -72,9 +74,9 @@ def win_rates_table(metrics: Mapping[str, Any], judge: str) -> list[str]:
         [
             pair.replace("_vs_", " vs "),
             rate,
-            _interval(metrics["win_rate_ci95"][judge][pair]),
+            _interval(metrics["win_rate_ci95"][judge][pair], metrics["prompts"]),
             metrics["win_rate_decisive"][judge][pair],
-            _interval(metrics["win_rate_decisive_ci95"][judge][pair]),
+            _interval(metrics["win_rate_decisive_ci95"][judge][pair], metrics["prompts"]),
             metrics["tie_rate"][judge][pair],
             metrics["win_rate_greedy"][judge][pair],
         ]

@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from rlhf.errors import PipelineError
+from rlhf.locks import try_lock
 
 LOCK_FILE = Path(".rlhf") / "pipeline.lock"
 HOLDING, RELEASED = "holding", "released"  # the log lines that bracket a run's hold
@@ -38,23 +39,16 @@ def one_run_per_repository(root: Path, timeout_s: float | None) -> Iterator[None
     run before takes) and raises RepositoryBusy after."""
     logger = get_run_logger()
     file = root / LOCK_FILE
-    file.parent.mkdir(parents=True, exist_ok=True)
-    with open(file, "a") as handle:
-        waited = time.monotonic()
-        logged = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not logged:
-                    logger.info("%s: another pipeline run holds this repository; waiting", root)
-                    logged = True
-                if timeout_s is not None and time.monotonic() - waited > timeout_s:
-                    raise RepositoryBusy(
-                        f"another pipeline run held {root} for more than {timeout_s:g} s"
-                    ) from None
-                time.sleep(POLL_S)
+    waited = time.monotonic()
+    logged = False
+    while (handle := try_lock(file)) is None:
+        if not logged:
+            logger.info("%s: another pipeline run holds this repository; waiting", root)
+            logged = True
+        if timeout_s is not None and time.monotonic() - waited > timeout_s:
+            raise RepositoryBusy(f"another pipeline run held {root} for more than {timeout_s:g} s")
+        time.sleep(POLL_S)
+    with handle:
         logger.info("%s: %s %s", root, HOLDING, file)
         try:
             yield

@@ -5,7 +5,8 @@ training side's explored and mismatched answers) into one queue item: its answer
 deduplicated and shuffled, so a position says nothing about where an answer came from, and
 its id a digest of the prompt and answers, so a label stays attached to exactly what its
 labeler saw. Each labeler's labels are one Parquet file, one row per item ranked or skipped;
-the collect stage turns the finished rankings into comparisons, a row per label.
+the collect stage turns the finished rankings into comparisons, a row per label. One labeling
+session at a time holds a labeler's file (`hold_labels`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import hashlib
 import random
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ from typing import Any
 import pyarrow as pa
 
 from rlhf.data.schemas import DataError, read_rows, write_rows
+from rlhf.errors import PipelineError
 from rlhf.labeling.ranking import Agreement, agreement, letters
+from rlhf.locks import try_lock
 
 Rows = list[dict[str, Any]]
 
@@ -48,6 +52,7 @@ LABEL_SCHEMA = pa.schema(
 )
 LABEL_SUFFIX = ".parquet"
 LABELER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # also a file name
+LOCKS = ".rlhf"  # the folder of lock files beside the labels, which git and DVC ignore
 
 
 def item_id(prompt: str, responses: Sequence[str]) -> str:
@@ -105,6 +110,29 @@ def write_labels(path: Path, labels: Rows) -> None:
     write_rows(path, labels, LABEL_SCHEMA)
 
 
+class LabelsBusy(PipelineError):
+    """Another `rlhf label` session holds this labeler's labels file."""
+
+
+@contextmanager
+def hold_labels(path: Path) -> Iterator[None]:
+    """Hold the labels file `path` for one labeling session; LabelsBusy if another holds it.
+
+    Two sessions under one name (two terminals, one person) would show the same items and
+    rank them twice. The lock (`rlhf.locks`) refuses at once rather than waiting, since the
+    holder is a person who may label for hours. Its file sits in LOCKS beside the labels,
+    which git and DVC ignore (.gitignore, .dvcignore), so a lock is never committed nor
+    changes the collect stage's labels dep.
+    """
+    handle = try_lock(path.parent / LOCKS / f"{path.name}.lock")
+    if handle is None:
+        raise LabelsBusy(
+            f"{path}: another `rlhf label` session holds it; go on in that one, or quit it first"
+        )
+    with handle:
+        yield
+
+
 def new_label(item: str, labeler: str, ranking: Sequence[int]) -> dict[str, Any]:
     return {
         "item": item,
@@ -120,7 +148,7 @@ def all_labels(folder: Path, queue: Rows) -> Rows:
     answers = {item["item"]: len(item["responses"]) for item in queue}
     found = []
     for path in sorted(folder.glob(f"*{LABEL_SUFFIX}")):
-        for index, label in enumerate(read_labels(path)):
+        for row, label in enumerate(read_labels(path), start=1):
             n = answers.get(label["item"])
             if n is None or not label["ranking"]:
                 continue
@@ -128,7 +156,7 @@ def all_labels(folder: Path, queue: Rows) -> Rows:
             dense = sorted(set(ranking)) == list(range(len(set(ranking))))
             if len(ranking) != n or not dense:
                 raise DataError(
-                    f"{path}: row {index}, field 'ranking': {ranking!r} is not a ranking of "
+                    f"{path}: row {row}, field 'ranking': {ranking!r} is not a ranking of "
                     f"the item's {n} answers"
                 )
             found.append(label)

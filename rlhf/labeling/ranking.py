@@ -34,6 +34,11 @@ def parse_ranking(text: str, n: int) -> list[int]:
     typed = "".join(text.split()).upper()
     if not typed:
         raise RankingError(f"type every answer, best first: e.g. {' '.join(shown)}")
+    if not typed.isprintable():  # an arrow key arrives as ESC [ A: name the key, not the byte
+        raise RankingError(
+            "arrow, function and Ctrl keys do nothing here: type the answers' letters, best "
+            f"first, e.g. {' '.join(shown)}, then Enter"
+        )
     groups = typed.split(TIE)
     ranks: dict[str, int] = {}
     level = -1

@@ -6,6 +6,12 @@ the labeler's own file, so a session killed at any moment loses nothing and the 
 starts at the first item this labeler has neither ranked nor skipped; skipped items come
 back once the rest are done. Several people label the same queue, each under their own name;
 after each ranking the screen says how far it agrees with the others' rankings of the item.
+
+No label is lost to a second session under the same name: one session at a time holds a
+labeler's file (`hold_labels`), and each save is made to the file as it is on disk, not to
+the session's copy, so even a writer the lock cannot stop (a lock lost on a network file
+system, a `git pull` mid-session) keeps its labels. The progress is part of the prompt, the
+one line a small terminal always shows, and `r` draws the item again after a resize.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from rlhf.atomic import remove_stale
 from rlhf.labeling.queue import (
     Rows,
     all_labels,
+    hold_labels,
     labels_file,
     new_label,
     read_labels,
@@ -37,17 +44,19 @@ from rlhf.labeling.ranking import (
 )
 
 SKIP, UNDO, QUIT, HELP = "s", "u", "q", "?"
+REDRAW = ("r", "\x0c")  # r, or Ctrl-L as shells have it (here it takes an Enter too)
 PROMPT = "rank> "
 HELP_TEXT = (
     "Type the answers best first, '=' between answers you find equally good: "
-    "'B A=C D'. s: skip for now · u: undo your last label · q: quit (everything is saved) "
-    "· ?: this help"
+    "'B A=C D'. s: skip for now · u: undo your last label · r or Ctrl-L: draw the item again "
+    "· q: quit (everything is saved) · ?: this help"
 )
 
 
 @dataclass
 class Session:
-    """One labeler working through the queue; `mine` mirrors their labels file, in order."""
+    """One labeler working through the queue; `mine` is their labels file, in order, as read
+    at the start and again at each save."""
 
     queue: Rows
     path: Path
@@ -78,7 +87,13 @@ class Session:
         skipped = [queued[label["item"]] for label in self.labels_here() if not label["ranking"]]
         return (fresh or skipped or [None])[0]
 
+    def reload(self) -> None:
+        """Read the labels file again before changing it, so a save keeps what another writer
+        saved since this session last read it, and the counts shown are the file's."""
+        self.mine = read_labels(self.path)
+
     def save(self, item: str, ranking: list[int]) -> None:
+        self.reload()
         self.mine = [label for label in self.mine if label["item"] != item]
         self.mine.append(new_label(item, self.labeler, ranking))
         write_labels(self.path, self.mine)
@@ -86,6 +101,7 @@ class Session:
 
     def undo(self) -> None:
         """Take back this labeler's last label of this queue."""
+        self.reload()
         here = self.labels_here()
         if not here:
             self.notices.append("nothing to undo")
@@ -102,6 +118,12 @@ class Session:
         here = self.labels_here()
         ranked = sum(bool(label["ranking"]) for label in here)
         return ranked, len(here) - ranked
+
+    def prompt(self) -> str:
+        """The prompt with the progress before it: on a terminal too small for the item, the
+        status line above scrolls away, the line being typed on never does."""
+        ranked, skipped = self.counts()
+        return f"{ranked} of {len(self.queue)} ranked · {skipped} skipped · {PROMPT}"
 
     def agreement_so_far(self) -> Agreement:
         """This labeler's rankings against the others', over every item both ranked."""
@@ -149,49 +171,66 @@ class Session:
         """Label until the queue is done or the labeler quits; returns the items ranked."""
         while (item := self.next_item()) is not None:
             self.show(item)
-            while True:
-                try:
-                    typed = self.console.input(PROMPT).strip()
-                except EOFError:
-                    typed = QUIT
-                command = typed.lower()
-                if command == QUIT:
-                    return self.finish()
-                if command == HELP:
-                    self.console.print(HELP_TEXT)
-                    continue
-                if command == SKIP:
-                    self.save(item["item"], [])
-                    self.notices.append("skipped; it comes back once the others are done")
-                elif command == UNDO:
-                    self.undo()
-                else:
-                    try:
-                        ranking = parse_ranking(typed, len(item["responses"]))
-                    except RankingError as exc:
-                        self.console.print(str(exc), style="red", markup=False)
-                        continue
-                    self.save(item["item"], ranking)
-                    self.notices.append(f"saved {format_ranking(ranking)}")
-                    self.report_agreement(item["item"], ranking)
-                break
+            if not self.answer(item):
+                return self.finish()
         self.notices.append(f"all {len(self.queue)} items are labeled by {self.labeler}")
         return self.finish()
 
+    def answer(self, item: dict[str, Any]) -> bool:
+        """Read lines until one ranks, skips or undoes; False when the labeler quits."""
+        while True:
+            try:  # spaces only: a Ctrl-L is whitespace to str.strip
+                typed = self.console.input(self.prompt()).strip(" \t")
+            except EOFError:
+                typed = QUIT
+            command = typed.lower()
+            if command == QUIT:
+                return False
+            if command == HELP:
+                self.console.print(HELP_TEXT)
+            elif command in REDRAW:
+                self.show(item)
+            elif command == SKIP:
+                self.save(item["item"], [])
+                self.notices.append("skipped; it comes back once the others are done")
+                return True
+            elif command == UNDO:
+                self.undo()
+                return True
+            elif self.rank(item, typed):
+                return True
+
+    def rank(self, item: dict[str, Any], typed: str) -> bool:
+        """Save `typed` as the ranking of `item`, or say why it is none; whether it was."""
+        try:
+            ranking = parse_ranking(typed, len(item["responses"]))
+        except RankingError as exc:
+            self.console.print(str(exc), style="red", markup=False)
+            return False
+        self.save(item["item"], ranking)
+        self.notices.append(f"saved {format_ranking(ranking)}")
+        self.report_agreement(item["item"], ranking)
+        return True
+
     def finish(self) -> int:
+        """Print the last notices and what is saved where: nothing, when nothing is."""
         for notice in self.notices:
             self.console.print(notice, style="green")
-        ranked, _ = self.counts()
-        self.console.print(
-            f"{ranked} of {len(self.queue)} items ranked by {self.labeler}, saved in {self.path}"
-        )
+        ranked, skipped = self.counts()
+        done = f"{ranked} of {len(self.queue)} items ranked by {self.labeler}"
+        if not ranked + skipped:
+            self.console.print(f"{done}; nothing saved")
+            return ranked
+        skips = f", {skipped} skipped" if skipped else ""
+        self.console.print(f"{done}{skips}, saved in {self.path}", soft_wrap=True)
         return ranked
 
 
 def label_queue(queue: Rows, folder: Path, labeler: str, console: Console) -> int:
     """Run a labeling session on `queue`, `labeler`'s labels kept in `folder`."""
     path = labels_file(folder, labeler)
-    remove_stale([path])  # a save the last session was killed in
-    others = [label for label in all_labels(folder, queue) if label["labeler"] != labeler]
-    session = Session(queue, path, labeler, console, read_labels(path), others)
-    return session.run()
+    with hold_labels(path):
+        remove_stale([path])  # a save the last session was killed in (none is live: we hold it)
+        others = [label for label in all_labels(folder, queue) if label["labeler"] != labeler]
+        session = Session(queue, path, labeler, console, read_labels(path), others)
+        return session.run()

@@ -44,6 +44,11 @@ def _first_line(exc: BaseException) -> str:
     return line.split(". ")[0].rstrip(".")
 
 
+# what torch's weights-only unpickler says when a file names a callable (a pickle that would
+# run code); bytes it cannot parse at all are damage, not a threat
+CALLING_WORDS = ("global", "reduce", "build", "persistent_load", "find_class")
+
+
 def _unpickling_reason(exc: pickle.UnpicklingError) -> str:
     """What torch's weights-only unpickler refused, without its advice to load with
     weights_only=False (which would run the file's code) or its links."""
@@ -64,8 +69,13 @@ def load(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
+        reason = _unpickling_reason(exc)
+        if not any(word in reason.lower() for word in CALLING_WORDS):
+            raise CheckpointError(
+                f"{path}: not a readable checkpoint, truncated or corrupt ({reason})"
+            ) from None
         raise CheckpointError(
-            f"{path}: refused: it does not load as weights only ({_unpickling_reason(exc)}), "
+            f"{path}: refused: it does not load as weights only ({reason}), "
             "so loading it could run code it holds; load only checkpoints this project wrote"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:

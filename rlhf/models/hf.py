@@ -283,6 +283,19 @@ def gpt2_export(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict,
     return hf, weights
 
 
+def llama_context(config: dict[str, Any]) -> int:
+    """max_position_embeddings: the block_size, unless Llama-3 rope scaling stretches an
+    original context the block_size is within (a pretrained Llama-3 cut to a short
+    `model.block_size`), which transformers warns about; then the context the scaling
+    stretches the original to, original x factor, as Llama-3.2's own config states it. The
+    frequencies depend on the original context alone, so the logits are the same either way,
+    and the pipeline cuts the context to `model.block_size` again when it loads the folder."""
+    original = config["rope_original_max_len"]
+    if not original or config["block_size"] > original:
+        return config["block_size"]
+    return round(original * config["rope_factor"])
+
+
 def llama_export(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict, dict]:
     """As Qwen3 where heads are normalized, Qwen2 where q/k/v have biases, else Llama."""
     model_type = "qwen3" if config["qk_norm"] else "qwen2" if config["qkv_bias"] else "llama"
@@ -299,7 +312,7 @@ def llama_export(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict
                     "qwen3": "Qwen3ForCausalLM"}[model_type]  # fmt: skip
     hf = {
         "architectures": [architecture], "model_type": model_type,
-        "vocab_size": config["vocab_size"], "max_position_embeddings": config["block_size"],
+        "vocab_size": config["vocab_size"], "max_position_embeddings": llama_context(config),
         "num_hidden_layers": config["n_layer"], "num_attention_heads": config["n_head"],
         "num_key_value_heads": config["n_kv_head"], "hidden_size": config["n_embd"],
         "intermediate_size": config["mlp_width"],
@@ -321,6 +334,18 @@ def llama_export(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict
 EXPORTERS = {"gpt": gpt2_export, "llama": llama_export}
 
 
+def token_ids(tokenizer: Tokenizer | None) -> dict[str, int | None]:
+    """The special-token ids for config.json, every one stated (null where there is none):
+    one left out takes transformers' default for the family (GPT-2's 50256, Llama's 1 and 2),
+    a token of another vocabulary, which it warns about when outside ours. The pipeline puts
+    no BOS of its own; a chat template's is part of the frame the template writes."""
+    return {
+        "bos_token_id": None,
+        "eos_token_id": None if tokenizer is None else tokenizer.eos_id,
+        "pad_token_id": None if tokenizer is None else tokenizer.pad_id,
+    }
+
+
 def save_folder(
     model: Backbone,
     folder: str | Path,
@@ -332,8 +357,9 @@ def save_folder(
     `*ForSequenceClassification` whose score head is our reward head (its bias, a constant
     offset, dropped); the value head stays behind. With `tokenizer`, its files and chat
     template go in too, and the end and pad tokens into the config and
-    generation_config.json, so generation stops where the pipeline's answers end. `folder`
-    must not exist yet; it is written beside and renamed into place."""
+    generation_config.json, so generation stops where the pipeline's answers end. The folder
+    loads in transformers without a warning. `folder` must not exist yet; it is written
+    beside and renamed into place."""
     config = dataclasses.asdict(model.config)
     state = {
         name: tensor.detach().cpu().float().contiguous()
@@ -347,12 +373,11 @@ def save_folder(
         family = hf["architectures"][0].removesuffix("LMHeadModel").removesuffix("ForCausalLM")
         hf["architectures"] = [family + "ForSequenceClassification"]
         hf |= {"num_labels": 1, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
-    hf["torch_dtype"] = "float32"
+    tokens = token_ids(tokenizer)
+    hf |= {"torch_dtype": "float32"} | tokens
     with atomic_path(folder) as tmp:
         tmp.mkdir()
         if tokenizer is not None:
-            tokens = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-            hf |= tokens
             (tmp / GENERATION_FILE).write_text(json.dumps(tokens, indent=2) + "\n")
             write_hf_tokenizer(tokenizer, tmp)
         (tmp / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")

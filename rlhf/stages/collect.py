@@ -38,8 +38,6 @@ from rlhf.labeling.queue import (
     waiting_items,
     write_queue,
 )
-from rlhf.labeling.ranking import LETTERS
-from rlhf.params import ParamsError
 from rlhf.prefixed import HF
 from rlhf.stages import paths
 from rlhf.stages.common import file_digest, progress
@@ -140,13 +138,6 @@ def labeling_queue(stage: StageRun) -> list:
     """This round's queue: the one on disk if it is this round's, else freshly sampled
     `candidates` written to paths.LABEL_QUEUE for `rlhf label`."""
     c = stage.params.collect
-    most = c.k + int(c.include_demo) + c.explore + c.mismatched
-    if most > len(LETTERS):
-        raise ParamsError(
-            f"collect.labeler is human, but collect.k + include_demo + explore + mismatched = "
-            f"{most} answers per item are more than the {len(LETTERS)} letters that name them "
-            "on screen (and more than a person ranks well; InstructGPT's labelers ranked 4 to 9)"
-        )
     round_id = labeling_round(stage)
     if paths.LABEL_QUEUE.exists():
         queue = read_queue(paths.LABEL_QUEUE)

@@ -22,7 +22,9 @@ from rich.text import Text
 from rlhf.params import Params, load_params
 from rlhf.stages import paths
 
-console = Console(stderr=True)
+# a log line stays one line however long, on a terminal or off it (where rich would otherwise
+# wrap at 80 columns, splitting one message over several lines of a CI or Prefect log)
+console = Console(stderr=True, soft_wrap=True)
 
 
 def params(path: Path = paths.PARAMS) -> Params:
@@ -60,8 +62,7 @@ class ProgressLines(Progress):
             done = f"{task.completed:g}" + (f"/{task.total:g}" if task.total else "")
             elapsed = time.strftime("%H:%M:%S", time.gmtime(task.elapsed or 0))
             extra = task.fields.get("extra", "")
-            self.console.print(Text(f"{task.description}: {done} {extra} {elapsed}"),
-                               soft_wrap=True)  # fmt: skip
+            self.console.print(Text(f"{task.description}: {done} {extra} {elapsed}"))
 
 
 def progress(quiet: bool = False) -> Progress:

@@ -8,9 +8,14 @@ else is a bug and keeps its traceback. RLHF_DEBUG=1 (or `rlhf --debug`) keeps ev
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import NoReturn
 
 from rich.text import Text
 
@@ -52,8 +57,7 @@ def print_error(message: str, prefix: str = ERROR_PREFIX) -> None:
     data-parallel worker other than rank 0 names its rank."""
     rank = os.environ.get("RANK", "0")
     message = message if rank == "0" else f"rank {rank}: {message}"
-    console.print(Text(prefix, style="bold red") + Text(" ".join(message.split())),
-                  soft_wrap=True)  # fmt: skip
+    console.print(Text(prefix, style="bold red") + Text(" ".join(message.split())))
 
 
 def lost_peer(exc: BaseException) -> bool:
@@ -71,13 +75,39 @@ def lost_peer(exc: BaseException) -> bool:
     return False
 
 
+def is_worker() -> bool:
+    """Whether torchrun (or the stage launcher) started this process as one of its workers."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (`kill`, `docker stop`, a scheduler cancelling) ends the run as Ctrl-C does:
+    the error line, and the resume state kept for the next run, rather than a silent exit
+    143. Only the main thread can take signals; elsewhere, and in a data-parallel worker
+    (which its launcher stops with SIGTERM when another fails), the default stays."""
+    if threading.current_thread() is not threading.main_thread() or is_worker():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
+    raise KeyboardInterrupt
+
+
 def report_errors(run: Callable[[], object]) -> int:
     """Run, and return the exit status: 0, USER_ERROR after printing the error line, RETRY
     after a `failed:` line (`StageInterrupted`), or INTERRUPTED. Bugs propagate with their
     traceback; a worker that lost a peer exits with PEER_LOST and says nothing
     (`lost_peer`)."""
     try:
-        run()
+        with sigterm_interrupts():
+            run()
     except KeyboardInterrupt:
         if debug_requested():
             raise

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 
 from rlhf.errors import PipelineError, StageInterrupted
-from rlhf.stages.entry import PEER_LOST, USER_ERROR
+from rlhf.stages.entry import PEER_LOST, USER_ERROR, is_worker
 
 NPROC_ENV = "RLHF_NPROC"
 MONITOR_INTERVAL_S = 0.5  # how often the agent checks its workers
@@ -37,11 +37,6 @@ def processes_requested() -> int:
             f"{NPROC_ENV}={value!r}: give a number of processes (1, 2, ...) or auto"
         )
     return int(value)
-
-
-def is_worker() -> bool:
-    """Whether torchrun (or this launcher) started this process as one of its workers."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
 
 
 def run_stage(run: Callable[[], object], module: str | None, args: list[str]) -> None:
@@ -68,7 +63,8 @@ def run_workers(module: str, args: list[str], nproc: int) -> None:
     A worker that stopped on an error it explained (its `error:` line) ends this process
     with USER_ERROR; a worker killed or crashed raises `WorkerFailed` naming it (the others'
     broken collectives, PEER_LOST, are not causes); Ctrl-C is a KeyboardInterrupt as in one
-    process, another signal ends this process as that signal would."""
+    process, and so is SIGTERM (stopped from outside); another signal ends this process as
+    that signal would."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -91,7 +87,7 @@ def run_workers(module: str, args: list[str], nproc: int) -> None:
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", module, *args)
     except SignalException as exc:
-        if exc.sigval == signal.SIGINT:
+        if exc.sigval in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or stopped from outside
             raise KeyboardInterrupt from None
         raise SystemExit(128 + exc.sigval) from None
     except ChildFailedError as exc:

@@ -10,18 +10,46 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from rlhf.atomic import Publication, publication, remove_stale, write_csv, write_json
-from rlhf.errors import OutputError
+from rlhf.errors import OutputError, PipelineError
+from rlhf.locks import try_lock
 from rlhf.stages import paths
 from rlhf.stages.specs import StageSpec
 
 
+class StageBusy(PipelineError):
+    """Another process runs this stage now."""
+
+
+STAGE_LOCKS = Path(".rlhf") / "locks"  # one lock file per stage address, e.g. rl@ppo.lock
+_held: dict[str, IO[str]] = {}  # this process's stage locks by path, held until it ends
+
+
 def begin(spec: StageSpec) -> None:
-    """Remove the temporaries a killed run of this stage left beside its outputs and its
-    resume state."""
+    """Hold the stage, then remove the temporaries a killed run of it left beside its
+    outputs and its resume state."""
+    hold(spec)
     remove_stale([*spec.outputs, spec.resume_file])
+
+
+def hold(spec: StageSpec) -> None:
+    """One run of a stage at a time, however each was started (`dvc repro`, `python -m`,
+    `rlhf`): a second would delete the first's temporaries and race it to the outputs, so it
+    is refused in one line. Held until this process ends; a process runs a stage again (a
+    test, the CLI) under the lock it holds."""
+    file = STAGE_LOCKS / f"{spec.address}.lock"
+    if str(file.resolve()) in _held:
+        return
+    handle = try_lock(file)
+    if handle is None:
+        raise StageBusy(
+            f"stage {spec.address} is already running (another process holds {file}); wait "
+            "for it to end, or stop it"
+        )
+    _held[str(file.resolve())] = handle
 
 
 @contextlib.contextmanager

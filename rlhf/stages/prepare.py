@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, DataError, read_rows, write_rows
-from rlhf.data.splits import split_demonstrations
+from rlhf.data.splits import MIN_HELDOUT, split_demonstrations
 from rlhf.stages import paths
 from rlhf.stages.common import console, params
 from rlhf.stages.entry import main
@@ -46,6 +46,12 @@ def run() -> dict[str, int]:
     counts = {name: len(rows) for name, rows in sets.items()}
     per_task = Counter(r["task"] for r in sets["prompts_heldout"])
     console.print(f"prepare ({p.data.source}): {counts}; held-out per task: {dict(per_task)}")
+    if counts["prompts_heldout"] < MIN_HELDOUT:
+        console.print(
+            f"warning: only {counts['prompts_heldout']} held-out prompts (fewer than "
+            f"{MIN_HELDOUT}): every win rate's interval will be wide; "
+            + ("raise data.n_heldout" if p.data.source == "synthetic" else "import more prompts")
+        )
     return counts
 
 
