@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlhf.errors import CheckpointError, OutputError, PipelineError
-from rlhf.params import RL_ALGORITHMS, describe
+from rlhf.errors import CheckpointError, OptionError, OutputError, PipelineError
+from rlhf.params import RL_ALGORITHMS, DataParams, describe, load_params
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
 from rlhf.stages.entry import DEBUG_ENV, print_error, report_errors
@@ -280,7 +280,7 @@ def generate(
     if file is not None:
         prompts += read_prompts(file)
     if not prompts:
-        raise typer.BadParameter("give --prompt or --file")
+        raise OptionError("give prompts with --prompt or --file")
     target = resolve_device(device)
     tok = load_tokenizer(tokenizer_dir)
     model, payload = checkpoint.load_model(checkpoint_path, tok, target)
@@ -291,7 +291,7 @@ def generate(
             "or score answers with `rlhf score`"
         )
     if max_new_tokens >= model.max_seq_len:
-        raise typer.BadParameter(
+        raise OptionError(
             f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
             f"context of {model.max_seq_len} tokens"
         )
@@ -378,7 +378,7 @@ def import_data(
     default_as = ImportedAs.demonstrations if from_sft else ImportedAs.comparisons
     is_sft = (imported_as or default_as) is ImportedAs.demonstrations
     if from_sft and not is_sft:
-        raise typer.BadParameter("demonstrations (--kind sft) cannot become comparisons")
+        raise OptionError("--as comparisons: demonstrations (--kind sft) cannot become comparisons")
     default = paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS
     target = import_target(out, default, force)
     imported = import_file(source, kind.value, skip_bad_rows)
@@ -388,22 +388,63 @@ def import_data(
         write_rows(staged[target], rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
         if skip_bad_rows:
             write_rejected(staged[rejected], imported.rejected)
-    setting = "data.source: files" if is_sft else "collect.source: files"
     skipped = (
         f"; rejected {len(imported.rejected)}, with their reasons in {rejected}"
         if skip_bad_rows
         else ""
     )
-    console.print(
-        f"imported {len(rows)} rows into {target}{skipped}; track it with `dvc add {target}` "
-        f"and set {setting} in params.yaml"
-    )
+    console.print(f"imported {len(rows)} rows into {where_written(target)}{skipped}")
+    if is_sft:
+        console.print(heldout_preview(rows))
+    if target.resolve().is_relative_to(Path.cwd().resolve()):
+        setting = (
+            "data.source: files (and collect.labeler: rm:PATH, hf:DIR or human, as the gold "
+            "judge scores only the task suite)"
+            if is_sft
+            else "collect.source: files"
+        )
+        console.print(f"track it with `dvc add {target}` and set {setting} in params.yaml")
+
+
+def where_written(target: Path) -> Path:
+    """The path to report: as typed inside the project, in full outside it."""
+    resolved = target.resolve()
+    return target if resolved.is_relative_to(Path.cwd().resolve()) else resolved
+
+
+def heldout_preview(rows: list[dict]) -> str:
+    """How many held-out prompts `prepare` will cut from these demonstrations, under this
+    project's data params, said before anything trains."""
+    from rlhf.data.splits import MIN_HELDOUT, split_sizes
+
+    data = load_params(paths.PARAMS).data if paths.PARAMS.exists() else DataParams()
+    prompts = len({row["prompt"] for row in rows})
+    heldout, val = split_sizes(prompts, data.val_fraction, data.heldout_fraction)
+    if heldout + val >= prompts:
+        return f"warning: {prompts} distinct prompts are too few for prepare to split"
+    line = f"{prompts} distinct prompts: prepare will hold out {heldout} for evaluation"
+    if heldout < MIN_HELDOUT:
+        return f"warning: {line}, fewer than {MIN_HELDOUT}: every win rate's interval will be wide"
+    return line
 
 
 def import_target(out: Path | None, default: Path, force: bool) -> Path:
     """Where `rlhf import` writes: inside `out` if it is a folder (never replacing it), and
-    over an existing file only with --force."""
+    over an existing file only with --force. Outside the project (the working directory) only
+    a file named in full, in a folder that exists: `--out /` or a mistyped `../../x` would
+    otherwise write where nobody looks, or create folders there."""
     target = default if out is None else out / default.name if out.is_dir() else out
+    if not target.resolve().is_relative_to(Path.cwd().resolve()):
+        if out is not None and out.is_dir():
+            raise OutputError(
+                f"--out {out} is a folder outside the project; to write there, name the file "
+                f"(--out {out / default.name})"
+            )
+        if not target.parent.is_dir():
+            raise OutputError(
+                f"--out {out}: {target.parent} does not exist, and import creates no folders "
+                "outside the project"
+            )
     if target.is_dir():
         raise OutputError(f"{target} is a folder; name a .parquet file to write")
     if target.suffix != ".parquet":
@@ -469,13 +510,13 @@ def score(
 
     prompts, responses = list(prompt or []), list(response or [])
     if len(prompts) != len(responses):
-        raise typer.BadParameter(f"{len(prompts)} --prompt but {len(responses)} --response")
+        raise OptionError(f"{len(prompts)} --prompt but {len(responses)} --response")
     if file is not None:
         rows = import_file(file, "sft").rows
         prompts += [r["prompt"] for r in rows]
         responses += [r["response"] for r in rows]
     if not prompts:
-        raise typer.BadParameter("give --prompt/--response pairs or --file")
+        raise OptionError("give --prompt/--response pairs or --file")
     tok = load_tokenizer(tokenizer_dir)
     model, payload = checkpoint.load_model(checkpoint_path, tok, resolve_device(device))
     if payload["kind"] != "reward":

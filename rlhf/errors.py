@@ -28,3 +28,8 @@ class OutputError(PipelineError):
 
 class ResourceError(PipelineError):
     """A run the machine cannot hold: refused before the allocation that would fail."""
+
+
+class OptionError(PipelineError):
+    """A command-line option the command cannot use with these inputs: more new tokens than
+    the model's context, options that exclude each other, no input at all."""

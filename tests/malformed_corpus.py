@@ -45,7 +45,7 @@ from rlhf.stages.dvcfile import declared_stages
 from conftest import clean_env, init_dvc_repo, make_project
 
 ENTRIES = ("python-m", "rlhf", "dvc", "prefect")
-IGNORED = (".dvc/tmp", ".dvc/cache", "__pycache__", ".git/")  # tool state, not user files
+IGNORED = (".dvc/tmp", ".dvc/cache", "__pycache__", ".git/", ".rlhf/locks")  # tool state
 
 
 class RunsCode:
@@ -65,6 +65,7 @@ class Case:
     outputs: tuple[str, ...] = ()  # what the command may write besides a stage's outputs
     file_size_limit: int | None = None  # bytes: a disk that fills up
     entries: tuple[str, ...] = ENTRIES  # the entry points that can take this input
+    seconds: float | None = None  # a bound on the command's wall time: it must not hang
 
 
 # -- planting helpers -------------------------------------------------------------------------
@@ -159,6 +160,59 @@ IMPORT = ["import", "in.jsonl", "--out", "out.parquet"]
 
 def imported(kind: str = "sft", name: str = "in.jsonl") -> dict[str, list[str]]:
     return {"rlhf": ["import", name, "--kind", kind, "--out", "out.parquet"]}
+
+
+MODEL = "models/hostile"  # a model folder of the user's (`model.init`), as downloaded
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+QWEN3_CONFIG = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 300,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+def model_folder(template: str = CHATML, **config: object) -> Callable[[Path], None]:
+    """A pretrained model folder whose chat template or config.json is hostile, named by
+    `model.init` (a tokenizer.json of a tiny byte-level BPE, no weights: each case is refused
+    before they are read), and dvc.yaml regenerated to track it, as a user would."""
+
+    def plant(project: Path) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        folder = project / MODEL
+        folder.mkdir(parents=True)
+        bpe = Tokenizer(models.BPE())
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = decoders.ByteLevel()
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        trainer = trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )  # fmt: skip
+        bpe.train_from_iterator(["Say hi. Hi! How are you?"] * 4, trainer)
+        bpe.save(str(folder / "tokenizer.json"))
+        roles = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+        (folder / "tokenizer_config.json").write_text(json.dumps(roles))
+        (folder / "chat_template.jinja").write_text(template)
+        (folder / "config.json").write_text(json.dumps({**QWEN3_CONFIG, **config}))
+        edit_params({"model.init": MODEL, "tokenizer.kind": "pretrained"})(project)
+        subprocess.run([sys.executable, "-m", "rlhf.cli", "dvc-yaml"], cwd=project,
+                       env=clean_env(), check=True, capture_output=True)  # fmt: skip
+
+    return plant
+
+
+def template_case(name: str, template: str, expect: str) -> Case:
+    """A hostile chat template, refused by the tokenizer stage in one line within 10 s."""
+    return Case(f"model folder: chat template {name}", model_folder(template),
+                f"{MODEL}/chat_template.jinja: the chat template cannot frame one prompt and "
+                f"its answer: {expect}", stage="tokenizer", seconds=10,
+                entries=("python-m", "rlhf"))  # fmt: skip
 
 
 CASES = [
@@ -278,8 +332,62 @@ CASES = [
              + [{"prompt": "a", "response": "y" * 2_000_000, "task": "user", "source": "s"}])),
               edit_params({"data.source": "files", "collect.labeler": "human"})),
          "data/raw/sft.parquet: row 31, field 'response': the row is 2,000,0", stage="prepare"),
-    Case("data.source files without data/raw/sft.parquet", edit_params({"data.source": "files"}),
+    Case("data.source files without data/raw/sft.parquet",
+         edit_params({"data.source": "files", "collect.labeler": "human"}),
          "data/raw/sft.parquet does not exist", stage="prepare"),
+    # model folders: untrusted code and sizes, refused in bounded time
+    template_case("reaching Python through ''.__class__",
+                  "{{ ''.__class__.__mro__[1].__subclasses__() }}", "it fails to render"),
+    template_case("reaching os through cycler", "{{ cycler.__init__.__globals__.os }}",
+                  "it fails to render"),
+    template_case("reaching builtins through joiner",
+                  "{{ joiner.__init__.__globals__.__builtins__ }}", "it fails to render"),
+    template_case("reaching os through namespace", "{{ namespace.__init__.__globals__.os }}",
+                  "it fails to render"),
+    template_case("reaching the context through self",
+                  "{{ self._TemplateReference__context.cycler.__init__ }}", "it fails to render"),
+    template_case("formatting its way to a class", "{{ '{0.__class__.__base__}'.format('') }}",
+                  "it fails to render"),
+    template_case("reaching a class through attr()", "{{ ''|attr('__class__') }}",
+                  "it renders a message's content 0 times"),
+    template_case("with a syntax error", "{% for m in messages %}", "it is not valid Jinja"),
+    template_case("closing the answer with no special token",
+                  "{% for m in messages %}{{ m.content }}{% endfor %}", "no special token"),
+    template_case("looping 10^10 times",
+                  "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                  "{% endfor %}", "rendering it takes longer than 5 s"),
+    template_case("building a 10 GB string", "{{ 'x' * 10**10 }}",
+                  "rendering it needs more than 1024 MiB"),
+    Case("model folder: config.json with a billion layers",
+         model_folder(num_hidden_layers=10**9),
+         f"{MODEL}/config.json: num_hidden_layers = 1000000000; expected a whole number",
+         stage="sft", seconds=10, entries=("python-m", "rlhf")),
+    Case("model folder: config.json with a negative width", model_folder(hidden_size=-64),
+         f"{MODEL}/config.json: hidden_size = -64", stage="sft", seconds=10,
+         entries=("python-m", "rlhf")),
+    # the gold judge on your own prompts: refused before anything trains
+    Case("demonstrations of your own with the default labeler (gold)",
+         both(write_bytes("data/raw/sft.parquet", parquet(
+             [{"prompt": f"How many centimeters are in {i} meters?", "response": f"{100 * i}.",
+               "task": "user", "source": "mine"} for i in range(58)])),
+              edit_params({"data.source": "files"})),
+         "collect.labeler: 'gold' needs the task suite's gold judge", stage="prepare",
+         seconds=10, entries=("python-m", "rlhf")),
+    Case("rl.reward rule:gold on your own prompts",
+         edit_params({"data.source": "files", "collect.labeler": "human",
+                      "rl.reward": "rule:gold"}),
+         "rl.reward: 'rule:gold' needs the task suite's gold judge", stage="sft",
+         seconds=10, entries=("python-m", "rlhf")),
+    # the CLI's own errors
+    Case("generate: --max-new-tokens beyond the context", lambda project: None,
+         "--max-new-tokens 100000 leaves no room for a prompt",
+         commands={"rlhf generate": ["generate", SFT, "-p", "hi", "--max-new-tokens", "100000"]}),
+    Case("import: --out / (a folder outside the project)", write_bytes("in.jsonl", jsonl(DEMO)),
+         "--out / is a folder outside the project", commands={"rlhf": ["import", "in.jsonl",
+                                                                        "--out", "/"]}),
+    Case("import: --out into a folder that does not exist outside the project",
+         write_bytes("in.jsonl", jsonl(DEMO)), "import creates no folders outside the project",
+         commands={"rlhf": ["import", "in.jsonl", "--out", "../../no-such-folder/x.parquet"]}),
     # checkpoints
     Case("checkpoint: runs code when unpickled", checkpoint_with(lambda p: {**p, "x": RunsCode()}),
          f"{SFT}: refused", stage="collect",
@@ -395,16 +503,16 @@ def error_line(output: str) -> str | None:
     return theirs[0] if not ours and theirs else None
 
 
-def verdict(case: Case, status: int, output: str, changed: list[str]) -> dict:
+def verdict(case: Case, status: int, output: str, changed: list[str], seconds: float) -> dict:
     line = error_line(output)
     traceback = "Traceback" in output
     if case.expect:
         ok = status != 0 and line is not None and case.expect in line and not traceback
     else:
         ok = status == 0 and not traceback
-    ok = ok and not changed
+    ok = ok and not changed and (case.seconds is None or seconds <= case.seconds)
     return {"ok": ok, "status": status, "traceback": traceback, "changed": changed,
-            "line": line if case.expect else None}  # fmt: skip
+            "line": line if case.expect else None, "seconds": round(seconds, 1)}  # fmt: skip
 
 
 def entries_of(case: Case, wanted: set[str]) -> dict[str, list[str]]:
@@ -456,14 +564,16 @@ def main(argv: list[str] | None = None, base: Path | None = None) -> int:
                     shutil.copytree(base, project, symlinks=True)
                     case.plant(project)
                     before = snapshot(project)
+                    started = time.monotonic()
                     if entry == "prefect":
                         status, output = run_prefect(case.stage or "", project)
                     else:
                         status, output = run_command(command, project, case.file_size_limit)
+                    seconds = time.monotonic() - started
                     allowed = allowed_outputs(case, entry)
                     changed = changed_outside(before, snapshot(project), allowed, entry)
                     row = {"case": case.name, "entry": entry} | verdict(
-                        case, status, output, changed
+                        case, status, output, changed, seconds
                     )
                     if not row["ok"]:
                         row["output"] = output[-2000:]
@@ -481,12 +591,13 @@ def main(argv: list[str] | None = None, base: Path | None = None) -> int:
 
 def print_table(rows: list[dict], n_cases: int) -> None:
     print("| case | entry point | exit | one-line error naming the input | traceback | "
-          "files changed outside outputs |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- |")
+          "files changed outside outputs | seconds |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         line = "(accepted)" if r["line"] is None and r["ok"] else (r["line"] or "-")
-        print(f"| {r['case']} | {r['entry']} | {r['status']} | {line} | "
-              f"{'yes' if r['traceback'] else 'no'} | {len(r['changed'])} |")  # fmt: skip
+        traceback = "yes" if r["traceback"] else "no"
+        print(f"| {r['case']} | {r['entry']} | {r['status']} | {line} | {traceback} | "
+              f"{len(r['changed'])} | {r['seconds']} |")  # fmt: skip
     good = sum(r["ok"] for r in rows)
     tracebacks = sum(r["traceback"] for r in rows)
     changed = sum(len(r["changed"]) for r in rows)

@@ -182,3 +182,17 @@ def test_prepare_refuses_a_giant_row_planted_in_data_raw(tmp_path):
         line,
     )
     assert not list((project / "data" / "prepared").glob("*.parquet"))
+
+
+def test_import_says_how_many_held_out_prompts_the_data_will_give(tmp_path, monkeypatch):
+    """58 demonstrations held out 2 prompts (5%), and nothing said so: every win-rate interval
+    was [0, 1]. Now prepare holds out up to 32 while training keeps half, and import says."""
+    monkeypatch.chdir(make_project(tmp_path / "p"))
+    records = [{"prompt": f"How many cm in {i} m?", "response": f"{100 * i}."} for i in range(58)]
+    result = CliRunner().invoke(app, ["import", str(write_jsonl(tmp_path / "d.jsonl", records))])
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: 58 distinct prompts: prepare will hold out 28 for evaluation, fewer than 32"
+        in result.output
+    )
+    assert "collect.labeler: rm:PATH, hf:DIR or human" in result.output
