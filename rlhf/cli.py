@@ -384,6 +384,7 @@ def import_data(
     imported = import_file(source, kind.value, skip_bad_rows)
     rows = best_answers(imported.rows) if is_sft and not from_sft else imported.rows
     rejected = target.with_name(f"{target.stem}.rejected.jsonl")
+    preview = heldout_preview(rows) if is_sft else None  # before writing: it reads params.yaml
     with publication() as staged:  # the rows and the rejected rows, both or neither
         write_rows(staged[target], rows, SFT_SCHEMA if is_sft else RANKED_SCHEMA)
         if skip_bad_rows:
@@ -394,22 +395,27 @@ def import_data(
         else ""
     )
     console.print(f"imported {len(rows)} rows into {where_written(target)}{skipped}")
-    if is_sft:
-        console.print(heldout_preview(rows))
-    if target.resolve().is_relative_to(Path.cwd().resolve()):
-        setting = (
-            "data.source: files (and collect.labeler: rm:PATH, hf:DIR or human, as the gold "
-            "judge scores only the task suite)"
-            if is_sft
-            else "collect.source: files"
-        )
-        console.print(f"track it with `dvc add {target}` and set {setting} in params.yaml")
+    if preview:
+        console.print(preview)
+    setting = (
+        "data.source: files (and collect.labeler: rm:PATH, hf:DIR or human, as the gold judge "
+        "scores only the task suite)"
+        if is_sft
+        else "collect.source: files"
+    )
+    tracking = f"track it with `dvc add {target}` and " if inside_project(target) else ""
+    console.print(f"{tracking}set {setting} in params.yaml")
+
+
+def inside_project(path: Path) -> bool:
+    """Whether `path` lies in the project, the working directory (links not followed: a
+    data/raw linked to another disk is still the project's)."""
+    return Path(os.path.abspath(path)).is_relative_to(Path.cwd())
 
 
 def where_written(target: Path) -> Path:
     """The path to report: as typed inside the project, in full outside it."""
-    resolved = target.resolve()
-    return target if resolved.is_relative_to(Path.cwd().resolve()) else resolved
+    return target if inside_project(target) else Path(os.path.abspath(target))
 
 
 def heldout_preview(rows: list[dict]) -> str:
@@ -417,7 +423,10 @@ def heldout_preview(rows: list[dict]) -> str:
     project's data params, said before anything trains."""
     from rlhf.data.splits import MIN_HELDOUT, split_sizes
 
-    data = load_params(paths.PARAMS).data if paths.PARAMS.exists() else DataParams()
+    try:  # params.yaml's own data params; the schema's where it has none or is invalid
+        data = load_params(paths.PARAMS).data if paths.PARAMS.exists() else DataParams()
+    except PipelineError:
+        data = DataParams()
     prompts = len({row["prompt"] for row in rows})
     heldout, val = split_sizes(prompts, data.val_fraction, data.heldout_fraction)
     if heldout + val >= prompts:
@@ -434,7 +443,7 @@ def import_target(out: Path | None, default: Path, force: bool) -> Path:
     a file named in full, in a folder that exists: `--out /` or a mistyped `../../x` would
     otherwise write where nobody looks, or create folders there."""
     target = default if out is None else out / default.name if out.is_dir() else out
-    if not target.resolve().is_relative_to(Path.cwd().resolve()):
+    if not inside_project(target):
         if out is not None and out.is_dir():
             raise OutputError(
                 f"--out {out} is a folder outside the project; to write there, name the file "

@@ -28,4 +28,10 @@ def try_lock(file: Path) -> IO[str] | None:
     except BlockingIOError:
         handle.close()
         return None
+    except OSError as exc:  # a file system without locks (some NFS, CIFS and FUSE mounts)
+        handle.close()
+        raise OutputError(
+            f"{file}: cannot be locked ({exc.strerror or exc}); keep the project on a file "
+            "system with file locks"
+        ) from None
     return handle

@@ -23,7 +23,6 @@ import yaml
 
 from rlhf.errors import PipelineError
 from rlhf.eval.judges import invalid as invalid_judges
-from rlhf.labeling.ranking import LETTERS
 from rlhf.prefixed import CHECKPOINT, HF, RULE, argument
 
 # The largest seed: what every random-number generator the pipeline seeds accepts, with room
@@ -61,11 +60,13 @@ TASK_FAMILIES = ("greet", "add", "capital", "repeat", "refuse", "uppercase")
 # RL algorithms, each with its own params group of the same name (rlhf/algorithms/rl/registry.py)
 RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
 RULES = ("contains_number", "gold")  # rlhf.algorithms.rules.RULES' names, checked by a test
-GOLD_RULE = "rule:gold"  # the task suite's judge as a reward: scores task-suite prompts only
+# answers one person ranks at once, each named by a letter (rlhf.labeling.ranking.LETTERS,
+# checked by a test; not imported, or every stage would depend on the labeling code)
+MAX_ANSWERS_ON_SCREEN = 26
 GOLD_FIXES = {  # what to set instead, by key, where the gold judge cannot score the prompts
     "collect.labeler": "set collect.labeler to rm:PATH, hf:DIR or human",
     "rl.reward": "set rl.reward to rm, hf:DIR or ensemble",
-    "evaluate.judges": f"remove {GOLD_RULE!r} from evaluate.judges",
+    "evaluate.judges": "remove it from evaluate.judges",
 }
 
 
@@ -588,17 +589,14 @@ class Params:
     def gold_judged(self) -> dict[str, str]:
         """The keys whose setting needs the task suite's gold judge, by key: it scores only
         task-suite prompts, so these cannot run on prompts of your own."""
-        needs = {
-            "collect.labeler": self.collect.source == "policy" and self.collect.labeler == "gold",
-            "rl.reward": self.rl.reward == GOLD_RULE,
-            "evaluate.judges": GOLD_RULE in self.evaluate.judges,
-        }
-        values = {
-            "collect.labeler": self.collect.labeler,
-            "rl.reward": self.rl.reward,
-            "evaluate.judges": GOLD_RULE,
-        }
-        return {key: values[key] for key, needed in needs.items() if needed}
+        found = {}
+        if self.collect.source == "policy" and self.collect.labeler == "gold":
+            found["collect.labeler"] = self.collect.labeler
+        if _is_gold_rule(self.rl.reward):
+            found["rl.reward"] = self.rl.reward
+        for judge in filter(_is_gold_rule, self.evaluate.judges):
+            found["evaluate.judges"] = judge
+        return found
 
     def answer_lengths(self) -> dict[str, int]:
         """Every answer-length cap by key: each must leave room for a prompt in the context."""
@@ -631,12 +629,13 @@ class Params:
             raise ParamsError(
                 f"collect.labeler = {labeler!r} is not 'gold', 'human', 'rm:PATH' or 'hf:DIR'"
             )
-        if labeler == "human" and self.collect.answers_per_item() > len(LETTERS):
+        people_rank = self.collect.source == "policy" and labeler == "human"
+        if people_rank and self.collect.answers_per_item() > MAX_ANSWERS_ON_SCREEN:
             raise ParamsError(
                 f"collect.labeler is human, but collect.k + include_demo + explore + mismatched "
                 f"= {self.collect.answers_per_item()} answers per item are more than the "
-                f"{len(LETTERS)} letters that name them on screen (and more than a person ranks "
-                "well; InstructGPT's labelers ranked 4 to 9)"
+                f"{MAX_ANSWERS_ON_SCREEN} letters that name them on screen (and more than a "
+                "person ranks well; InstructGPT's labelers ranked 4 to 9)"
             )
         unknown_judges = invalid_judges(self.evaluate.judges)
         if unknown_judges or not self.evaluate.judges:
@@ -672,6 +671,11 @@ class Params:
                 f"data.tasks = {list(self.data.tasks)!r} must be a non-empty list of "
                 f"{', '.join(TASK_FAMILIES)}"
             )
+
+
+def _is_gold_rule(value: str) -> bool:
+    """`rule:gold`, however spaced (`rule: gold` names the same rule)."""
+    return argument(value, (RULE,)) == "gold"
 
 
 def _check_rules(named: dict[str, list[str]]) -> None:

@@ -43,6 +43,10 @@ def test_a_checkpoint_that_would_run_code_is_refused_without_the_unsafe_hint(tmp
     assert message.startswith(f"{path}: refused: it does not load as weights only (Trying to")
     assert "posix.system" in message
     assert "weights_only" not in message and "\n" not in message
+    plain = tmp_path / "plain.pt"  # pickle's protocol 4, not torch.save's zip: FRAME comes first
+    plain.write_bytes(pickle.dumps({"model": RunsCode()}, protocol=4))
+    with pytest.raises(CheckpointError, match=r"plain\.pt: refused: .* could run code"):
+        checkpoint.load(plain)
     assert not (tmp_path / "pwned").exists()
 
 

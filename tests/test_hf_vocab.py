@@ -847,3 +847,15 @@ def test_a_hostile_template_is_one_error_naming_its_file_in_bounded_time(name, t
     assert message.startswith("m/chat_template.jinja: the chat template cannot frame")
     assert reason in message and "\n" not in message
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_chat_template_that_is_no_template_is_named(folders, tmp_path):
+    folder = shutil.copytree(folders["qwen"][0], tmp_path / "m")
+    config = folder / "tokenizer_config.json"
+    settings = json.loads(config.read_text()) if config.exists() else {}
+    config.write_text(json.dumps({**settings, "chat_template": ["{{ messages }}"]}))
+    with pytest.raises(CheckpointError, match=r"tokenizer_config.json: chat_template is a list, "):
+        read_vocabulary(folder)
+    (folder / "chat_template.jinja").write_text("x" * (2 << 20))
+    with pytest.raises(CheckpointError, match=r"chat_template.jinja: 2,097,152 bytes, more than"):
+        read_vocabulary(folder)

@@ -233,6 +233,19 @@ def test_ultrafeedback_scores_become_ranks_with_ties(tmp_path):
     assert rows[0]["ranks"] == [1, 0, 0] and rows[0]["source"] == "u.jsonl"
 
 
+def test_ultrafeedback_completions_equal_but_for_spaces_are_one_answer(tmp_path):
+    """The row rule calls them the same text: the repeat is dropped, not the row refused."""
+    completions = [
+        {"text": "7", "score": 9},
+        {"text": " 7\n", "score": 9},
+        {"text": "4", "score": 1},
+    ]
+    (row,) = imported(
+        "ultrafeedback", jsonl(tmp_path / "u.jsonl", [{"prompt": "q", "completions": completions}])
+    )
+    assert row["responses"] == ["7", "4"] and row["ranks"] == [0, 1]
+
+
 @pytest.mark.parametrize(
     ("completions", "message"),
     [

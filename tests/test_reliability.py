@@ -81,8 +81,9 @@ def demos_file(tmp_path):
     return path
 
 
-def test_import_into_an_existing_folder_writes_inside_and_keeps_every_file(tmp_path):
+def test_import_into_an_existing_folder_writes_inside_and_keeps_every_file(tmp_path, monkeypatch):
     project = make_project(tmp_path / "p")
+    monkeypatch.chdir(project)  # a folder outside the project is refused: the file must be named
     raw = project / "data" / "raw"
     (raw / "comparisons.parquet").write_bytes(b"the user's comparisons")
     before = tree(raw)

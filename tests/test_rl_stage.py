@@ -3,6 +3,7 @@ import dataclasses
 import json
 import shutil
 import sys
+import time
 
 import pytest
 import torch
@@ -355,6 +356,23 @@ def test_a_chat_reward_model_reads_conversations_through_its_template(deberta, t
     text = "[CLS] user: Greet Bob. [SEP][CLS] assistant: Hello, Bob! [SEP]"
     assert ids == scorer.tokenizer(text, add_special_tokens=False)["input_ids"]
     torch.testing.assert_close(scorer(["Greet Bob."], ["Hello, Bob!"]), model(**batch).logits[:, 0])
+
+
+def test_a_chat_reward_model_whose_template_hangs_is_refused_at_load(deberta, tmp_path):
+    """transformers renders the template in this process, unbounded: the sandbox tries it
+    first, so a template that loops for hours is one error naming the folder, in seconds."""
+    folder, _ = deberta
+    chat = shutil.copytree(folder, tmp_path / "looping")
+    config = json.loads((chat / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    )
+    (chat / "tokenizer_config.json").write_text(json.dumps(config))
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match=r"looping: its chat template cannot be used: "
+                       r"rendering it takes longer than 5 s"):  # fmt: skip
+        TransformersRewardScorer.load(chat, "deberta-v2", torch.device("cpu"))
+    assert time.monotonic() - start < 10
 
 
 def test_an_external_reward_model_names_what_it_lacks(tmp_path, monkeypatch):

@@ -168,7 +168,6 @@ def test_human_labeling_refuses_more_answers_than_letters_up_front(trained_proje
     project = make_project(tmp_path / "p", {f"collect.{k}": v for k, v in collect.items()})
     for part in ("artifacts", "data"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
-    run_module("rlhf.stages.dvcfile", project)
     refused = subprocess.run([sys.executable, "-m", "rlhf.stages.collect"], cwd=project,
                              env=clean_env(), capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and "Traceback" not in refused.stderr

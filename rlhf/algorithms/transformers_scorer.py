@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from rlhf.data.template_sandbox import TemplateFailure, render
 from rlhf.errors import CheckpointError, PipelineError
 
 HF_EXTRA = "pip install -c constraints.txt -e '.[hf]'"
@@ -34,6 +36,25 @@ def import_transformers(folder: Path, model_type: str) -> Any:
             f"not installed; install the project's hf extra: {HF_EXTRA}"
         ) from exc
     return transformers
+
+
+def check_template(tokenizer: Any, folder: Path) -> None:
+    """transformers renders a chat template in this process, on every batch, bounded by
+    nothing: render a sample conversation once in the bounded sandbox first, so that a template
+    that loops for hours, exhausts memory or fails is refused here, naming the folder. (One
+    whose cost grows with the conversation's content could still be slow later.)"""
+    template = tokenizer.chat_template
+    if isinstance(template, dict):  # named templates: apply_chat_template uses "default"
+        template = template.get("default")
+    if not isinstance(template, str):
+        return
+    sample = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    tokens = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    context = {"messages": sample, "add_generation_prompt": False, **tokens}
+    try:
+        render(template, [context], date.today())
+    except TemplateFailure as exc:
+        raise CheckpointError(f"{folder}: its chat template cannot be used: {exc}") from None
 
 
 @dataclass
@@ -63,6 +84,7 @@ class TransformersRewardScorer:
                 f"{model.config.num_labels} (config.json num_labels)"
             )
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        check_template(tokenizer, folder)
         if tokenizer.pad_token is None:  # decoder classifiers find each row's end by the pad id
             tokenizer.pad_token = tokenizer.eos_token
         model.config.pad_token_id = tokenizer.pad_token_id

@@ -47,6 +47,7 @@ MERGES_TXT = "merges.txt"
 RANK_FILE = "tokenizer.model"
 CONFIG_JSON = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
+MAX_TEMPLATE_BYTES = 1 << 20  # real chat templates are a few kilobytes
 
 GPT2_EOS = "<|endoftext|>"
 # Meta's Llama-3.1 special tokens, in id order after the mergeable ranks (256 in all).
@@ -538,11 +539,19 @@ def _chat_template(folder: Path, config: dict) -> dict[str, str | Path | None]:
     the file it came from."""
     if (folder / TEMPLATE_FILE).is_file():
         path = folder / TEMPLATE_FILE
+        if path.stat().st_size > MAX_TEMPLATE_BYTES:
+            raise CheckpointError(
+                f"{path}: {path.stat().st_size:,} bytes, more than a chat template's "
+                f"{MAX_TEMPLATE_BYTES:,}"
+            )
         return {"chat_template": _read_text(path), "chat_template_file": path}
     path, template = folder / CONFIG_JSON, config.get("chat_template")
     if isinstance(template, list):
-        named = {e.get("name"): e.get("template") for e in template if isinstance(e, dict)}
-        template = named.get("default")
+        if not all(isinstance(entry, dict) for entry in template):
+            raise CheckpointError(
+                f"{path}: chat_template is a list, but not of {{name, template}} objects"
+            )
+        template = {e.get("name"): e.get("template") for e in template}.get("default")
     if template is not None and not isinstance(template, str):
         raise CheckpointError(
             f"{path}: chat_template is {type(template).__name__}, not a template (a string, or "

@@ -265,7 +265,7 @@ def _ultrafeedback(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
     items = record["completions"]
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise RowError("completions", "expected a list of {response, overall_score} objects")
-    scored: dict[str, float] = {}
+    scored: dict[str, tuple[str, float]] = {}  # by text as compared (stripped): as given, score
     for number, item in enumerate(items):
         where = f"completions[{number}]"
         _, text = _first_field(item, TEXT_FIELDS)
@@ -278,15 +278,17 @@ def _ultrafeedback(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
             raise RowError(
                 where, f"'{name}' is {'NaN' if math.isnan(score) else score}, not a score"
             )
-        if scored.setdefault(text, float(score)) != score:
+        earlier = scored.get(text.strip())
+        if earlier is not None and earlier[1] != score:
             raise RowError(where, "the same text as an earlier completion with another score")
-    if len(set(scored.values())) < 2:
+        scored.setdefault(text.strip(), (text, float(score)))  # a repeat is one answer
+    if len({score for _, score in scored.values()}) < 2:
         return []
     name, prompt = _first_field(record, ("prompt", "instruction"))
     return [{
         **({"prompt": prompt} if name else _present(record, "prompt")),
-        "responses": list(scored),
-        "ranks": ranks_of(list(scored.values())),
+        "responses": [text for text, _ in scored.values()],
+        "ranks": ranks_of([score for _, score in scored.values()]),
         **_meta(record, source),
     }]  # fmt: skip
 

@@ -23,7 +23,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any, NoReturn
 
-RENDER_SECONDS = 5  # wall time for compiling the template and every rendering
+from rlhf.errors import PipelineError
+
+RENDER_SECONDS = 5  # the child's time for compiling the template and every rendering
+START_SECONDS = 30  # beyond that, for the interpreter to start (a loaded host, slow disks)
 RENDER_CHARS = 100_000  # text one rendering may produce; a real one frames a turn in < 2,000
 RENDER_MEMORY = 1 << 30  # the child's address space, interpreter and Jinja included
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds the `rlhf` package
@@ -33,24 +36,31 @@ class TemplateFailure(Exception):
     """The template cannot be rendered; the message says why, for a user to read."""
 
 
+class RendererError(PipelineError):
+    """The renderer itself could not run (no interpreter, no Jinja): not the template's
+    fault, so not reported as one."""
+
+
 def render(template: str, contexts: list[dict[str, Any]], today: date) -> list[str]:
     """`template` rendered with each of `contexts`, in a bounded child process."""
     request = json.dumps({"template": template, "contexts": contexts, "today": today.isoformat()})
-    paths = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    paths = [*filter(None, [os.environ.get("PYTHONPATH")]), str(PACKAGE_ROOT)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     try:
         child = subprocess.run(
-            [sys.executable, "-m", __name__],
-            input=request, capture_output=True, text=True, timeout=RENDER_SECONDS, env=env,
+            [sys.executable, "-m", __name__], input=request, capture_output=True, text=True,
+            timeout=RENDER_SECONDS + START_SECONDS, env=env,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise TemplateFailure(f"rendering it takes longer than {RENDER_SECONDS} s") from None
-    try:
-        answer = json.loads(child.stdout)
-    except json.JSONDecodeError:
-        raise TemplateFailure(
-            f"the renderer stopped without an answer (exit status {child.returncode})"
-        ) from None
+    except OSError as exc:
+        raise RendererError(f"the template renderer could not start ({exc})") from None
+    answers = child.stdout.strip().splitlines()
+    try:  # the answer is the last line: a site hook may have printed before it
+        answer = json.loads(answers[-1])
+    except (IndexError, json.JSONDecodeError):
+        said = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+        raise RendererError(f"the template renderer stopped without an answer ({said})") from None
     if "failure" in answer:  # on one line: a foreign program's message may hold newlines
         raise TemplateFailure(" ".join(answer["failure"].split()))
     return answer["rendered"]
@@ -59,20 +69,30 @@ def render(template: str, contexts: list[dict[str, Any]], today: date) -> list[s
 def _child() -> None:
     """Answer one request; every failure of the template becomes a reason, never a crash."""
     import resource  # Unix only, as the child is
+    import signal
 
-    resource.setrlimit(resource.RLIMIT_AS, (RENDER_MEMORY, RENDER_MEMORY))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)  # a limit set above us stays
+    limit = RENDER_MEMORY if hard == resource.RLIM_INFINITY else min(RENDER_MEMORY, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     request = json.load(sys.stdin)
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.alarm(RENDER_SECONDS)  # counted from here: the interpreter's start is not the template's
     try:
         answer = {"rendered": _render_all(**request)}
     except MemoryError:
-        answer = {"failure": f"rendering it needs more than {RENDER_MEMORY >> 20} MiB"}
+        answer = {"failure": f"rendering it needs more than {limit >> 20} MiB"}
     except TemplateFailure as exc:
         answer = {"failure": str(exc)}
     except RecursionError:
         answer = {"failure": "it fails to render (it recurses without end)"}
     except Exception as exc:  # a foreign program: any error is its failure
         answer = {"failure": f"it fails to render ({type(exc).__name__}: {exc})"}
-    json.dump(answer, sys.stdout)
+    signal.alarm(0)
+    print(json.dumps(answer))
+
+
+def _out_of_time(signum: int, frame: object) -> NoReturn:
+    raise TemplateFailure(f"rendering it takes longer than {RENDER_SECONDS} s")
 
 
 def _render_all(template: str, contexts: list[dict[str, Any]], today: str) -> list[str]:

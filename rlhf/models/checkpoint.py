@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import pickle
+import pickletools
 import time
 import zipfile
 from collections.abc import Callable, Iterable
@@ -47,6 +48,24 @@ def _first_line(exc: BaseException) -> str:
 # what torch's weights-only unpickler says when a file names a callable (a pickle that would
 # run code); bytes it cannot parse at all are damage, not a threat
 CALLING_WORDS = ("global", "reduce", "build", "persistent_load", "find_class")
+# the pickle opcodes that import or call: in a plain pickle (not torch.save's zip), which
+# torch's unpickler may reject for an earlier opcode (protocol 4's FRAME) before naming them
+CALLING_OPCODES = {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ",
+                   "NEWOBJ_EX"}  # fmt: skip
+SCANNED_BYTES = 1 << 20  # a pickle's imports come before the data they build
+
+
+def _names_callables(path: Path) -> bool:
+    """Whether the start of `path`, read as a pickle, imports or calls anything."""
+    with path.open("rb") as handle:
+        start = handle.read(SCANNED_BYTES)
+    try:
+        for opcode, _, _ in pickletools.genops(start):
+            if opcode.name in CALLING_OPCODES:
+                return True
+    except ValueError:  # damaged or truncated bytes end the scan, nothing more
+        pass
+    return False
 
 
 def _unpickling_reason(exc: pickle.UnpicklingError) -> str:
@@ -70,7 +89,8 @@ def load(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         reason = _unpickling_reason(exc)
-        if not any(word in reason.lower() for word in CALLING_WORDS):
+        calls = any(word in reason.lower() for word in CALLING_WORDS) or _names_callables(path)
+        if not calls:
             raise CheckpointError(
                 f"{path}: not a readable checkpoint, truncated or corrupt ({reason})"
             ) from None

@@ -286,10 +286,11 @@ def gpt2_export(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict,
 def llama_context(config: dict[str, Any]) -> int:
     """max_position_embeddings: the block_size, unless Llama-3 rope scaling stretches an
     original context the block_size is within (a pretrained Llama-3 cut to a short
-    `model.block_size`), which transformers warns about; then the context the scaling
-    stretches the original to, original x factor, as Llama-3.2's own config states it. The
-    frequencies depend on the original context alone, so the logits are the same either way,
-    and the pipeline cuts the context to `model.block_size` again when it loads the folder."""
+    `model.block_size`), which transformers warns about; then original x factor, the most
+    the scaling stretches it to (Meta's Llama-3.2 configs state less: 131,072 where 8,192 x 32
+    is 262,144). The frequencies depend on the original context alone, so the logits are the
+    same either way, and the pipeline cuts the context to `model.block_size` again when it
+    loads the folder."""
     original = config["rope_original_max_len"]
     if not original or config["block_size"] > original:
         return config["block_size"]

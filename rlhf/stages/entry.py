@@ -21,6 +21,7 @@ from rich.text import Text
 
 from rlhf.errors import PipelineError, StageInterrupted
 from rlhf.stages.common import console
+from rlhf.stages.outputs import release_stages
 
 DEBUG_ENV = "RLHF_DEBUG"
 USER_ERROR = 2  # exit status of a failure the message explains
@@ -124,6 +125,8 @@ def report_errors(run: Callable[[], object]) -> int:
             raise
         print_error(message)
         return USER_ERROR
+    finally:
+        release_stages()
     return 0
 
 

@@ -25,7 +25,7 @@ class StageBusy(PipelineError):
 
 
 STAGE_LOCKS = Path(".rlhf") / "locks"  # one lock file per stage address, e.g. rl@ppo.lock
-_held: dict[str, IO[str]] = {}  # this process's stage locks by path, held until it ends
+_held: dict[str, IO[str]] = {}  # this process's stage locks, by lock file
 
 
 def begin(spec: StageSpec) -> None:
@@ -38,8 +38,8 @@ def begin(spec: StageSpec) -> None:
 def hold(spec: StageSpec) -> None:
     """One run of a stage at a time, however each was started (`dvc repro`, `python -m`,
     `rlhf`): a second would delete the first's temporaries and race it to the outputs, so it
-    is refused in one line. Held until this process ends; a process runs a stage again (a
-    test, the CLI) under the lock it holds."""
+    is refused in one line. Held until the run ends (`release_stages`, which every entry
+    point calls) or the process does; a process runs a stage again under the lock it holds."""
     file = STAGE_LOCKS / f"{spec.address}.lock"
     if str(file.resolve()) in _held:
         return
@@ -50,6 +50,12 @@ def hold(spec: StageSpec) -> None:
             "for it to end, or stop it"
         )
     _held[str(file.resolve())] = handle
+
+
+def release_stages() -> None:
+    """Release the stage locks this process holds: its run has ended."""
+    while _held:
+        _held.popitem()[1].close()
 
 
 @contextlib.contextmanager
