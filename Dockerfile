@@ -43,7 +43,9 @@ RUN if [ -n "$EXTRA_PACKAGES" ]; then \
     fi
 
 # --build-arg PREFETCH_GPT2_ENCODING=true stores tiktoken's gpt2 encoding file in the image,
-# for `tokenizer.kind: tiktoken` on hosts without network access.
+# for `tokenizer.kind: tiktoken` on hosts without network access. The folder stays writable by
+# any user (sticky, as /tmp): tiktoken copies every ranks file it loads into it, the `bpe` and
+# `bytes` tokenizers' own included, and fails when it cannot.
 # TIKTOKEN_CACHE_DIR names tiktoken's file cache, not a secret.
 # hadolint ignore=DL3064
 ENV TIKTOKEN_CACHE_DIR=/opt/tiktoken-cache
@@ -52,7 +54,8 @@ RUN mkdir -p "$TIKTOKEN_CACHE_DIR" \
     && if [ "$PREFETCH_GPT2_ENCODING" = "true" ]; then \
         python -c "import tiktoken; tiktoken.get_encoding('gpt2')"; \
     fi \
-    && chmod -R a+rX "$TIKTOKEN_CACHE_DIR"
+    && chmod -R a+rX "$TIKTOKEN_CACHE_DIR" \
+    && chmod 1777 "$TIKTOKEN_CACHE_DIR"
 
 # The code last, installed from the wheel built of it (not editable), then a smoke test.
 COPY README.md ./
@@ -73,13 +76,15 @@ RUN apt-get update \
 # Files written to the mounted repository belong to UID:GID; build with
 # --build-arg UID="$(id -u)" --build-arg GID="$(id -g)" to make them yours. Ubuntu 24.04 bases
 # have a user `ubuntu` with uid 1000, removed here; --non-unique accepts an id another account
-# or group already has.
+# or group already has. tiktoken's cache is made here, writable by any user (see the builder):
+# COPY --from fills it but need not keep the folder's own mode (podman's does not).
 ARG UID=1000
 ARG GID=1000
 RUN if id -u ubuntu > /dev/null 2>&1; then userdel --remove ubuntu; fi \
     && groupadd --non-unique --gid "$GID" rlhf \
     && useradd --non-unique --create-home --uid "$UID" --gid "$GID" rlhf \
-    && git config --system --add safe.directory /workspace
+    && git config --system --add safe.directory /workspace \
+    && mkdir -m 1777 /opt/tiktoken-cache
 
 # TIKTOKEN_CACHE_DIR names tiktoken's file cache, not a secret.
 # hadolint ignore=DL3064

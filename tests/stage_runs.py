@@ -29,6 +29,18 @@ ONE_STEP = {  # one optimizer step over a global batch several ranks share uneve
 LOSSES = {"sft": ("train_loss", "val_loss"), "rm": ("val_loss", "acc_noisy"),
           "dpo": ("val_loss", "reward_accuracy", "reward_margin")}  # fmt: skip
 
+RL_ONE_STEP = {  # one iteration of one optimizer step: all 8 answers in one minibatch
+    "ppo": {"ppo.steps": 1, "ppo.update_epochs": 1, "ppo.minibatch_size": 8},
+    "grpo": {
+        "grpo.steps": 1,
+        "grpo.batch_size": 5,
+        "grpo.minibatch_size": 10,
+        "grpo.update_epochs": 1,
+    },
+}
+RL_LOSSES = {"ppo": ("value_loss", "ptx_loss", "entropy", "approx_kl"),
+             "grpo": ("kl_loss", "entropy", "approx_kl")}  # fmt: skip
+
 
 def stage_project(trained_project, directory, stage, overrides=None):
     project = make_project(directory, overrides)

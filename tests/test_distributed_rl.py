@@ -4,19 +4,16 @@ compute what it does, and a killed rank's stage resumes to the same numbers."""
 import pytest
 import torch
 
-from stage_runs import kill_rank_at_first_save, rl_results, rl_run, run_stage, stage_project
+from stage_runs import (
+    RL_LOSSES,
+    RL_ONE_STEP,
+    kill_rank_at_first_save,
+    rl_results,
+    rl_run,
+    run_stage,
+    stage_project,
+)
 
-RL_ONE_STEP = {  # one iteration of one optimizer step: all 8 answers in one minibatch
-    "ppo": {"ppo.steps": 1, "ppo.update_epochs": 1, "ppo.minibatch_size": 8},
-    "grpo": {
-        "grpo.steps": 1,
-        "grpo.batch_size": 5,
-        "grpo.minibatch_size": 10,
-        "grpo.update_epochs": 1,
-    },
-}
-RL_LOSSES = {"ppo": ("value_loss", "ptx_loss", "entropy", "approx_kl"),
-             "grpo": ("kl_loss", "entropy", "approx_kl")}  # fmt: skip
 ROWS = {"ppo": 8, "grpo": 10}  # answers in the one step
 # a token budget that runs about a row per pass: each rank's share of the minibatch as
 # several passes whose gradients add up (as many on each rank: stand-ins where it has fewer)

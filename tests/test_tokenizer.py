@@ -19,6 +19,7 @@ from rlhf.data.tokenizer import (
     save_tokenizer,
     write_hf_tokenizer,
 )
+from rlhf.errors import CheckpointError
 
 CORPUS = [
     "Greet Alice.", "Hello, Alice!", "What is 3 plus 4?", "3 + 4 = 7.",
@@ -119,3 +120,17 @@ def test_named_encoding_without_cache_fails_with_guidance(tmp_path):
     assert result.returncode != 0
     assert "TIKTOKEN_CACHE_DIR" in result.stderr and "tokenizer.kind: bpe" in result.stderr
     assert not (tmp_path / "tok").exists()
+
+
+def test_a_tokenizer_loads_where_tiktokens_cache_cannot_be_written(tmp_path, monkeypatch):
+    """tiktoken's loader copies every file into TIKTOKEN_CACHE_DIR and fails where it cannot
+    write there (the image's cache, run as another user): the pipeline reads its own file."""
+    saved = save_tokenizer(tmp_path / "tok", "bpe", texts=CORPUS, vocab_size=300)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(blocked / "cache"))
+    assert load_tokenizer(tmp_path / "tok").encode("Greet Alice.") == saved.encode("Greet Alice.")
+    ranks = tmp_path / "tok" / "tokenizer.tiktoken"
+    ranks.write_bytes(ranks.read_bytes() + b"\n")
+    with pytest.raises(CheckpointError, match=r"tokenizer.tiktoken: its contents do not match"):
+        load_tokenizer(tmp_path / "tok")

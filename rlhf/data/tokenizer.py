@@ -24,7 +24,6 @@ from datetime import date
 from pathlib import Path
 
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 
 from rlhf.atomic import publication
 from rlhf.data.bpe import train_bpe
@@ -84,6 +83,21 @@ class Tokenizer:
 def _write_ranks(ranks: dict[bytes, int], path: Path) -> None:
     lines = (base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in ranks.items())
     path.write_bytes(b"\n".join(sorted(lines, key=lambda line: int(line.split()[1]))) + b"\n")
+
+
+def _read_ranks(path: Path, sha256: str) -> dict[bytes, int]:
+    """The rank file `_write_ranks` wrote, checked against its digest. Read here rather than by
+    tiktoken's `load_tiktoken_bpe`, which copies every file it loads into its cache folder
+    (TIKTOKEN_CACHE_DIR) and fails where that folder is not writable, as in a container run
+    by another user, and which keys the copy by path: a retrained tokenizer would be stale."""
+    contents = path.read_bytes()
+    if hashlib.sha256(contents).hexdigest() != sha256:
+        raise CheckpointError(
+            f"{path}: its contents do not match the tokenizer's spec; rerun the tokenizer "
+            "stage (dvc repro tokenizer)"
+        )
+    pairs = (line.split() for line in contents.splitlines() if line)
+    return {base64.b64decode(token): int(rank) for token, rank in pairs}
 
 
 def _special_ids(first_id: int) -> dict[str, int]:
@@ -215,11 +229,7 @@ def _own_encoding(spec: dict, directory: Path, identity: str) -> tiktoken.Encodi
             mergeable_ranks=base._mergeable_ranks,
             special_tokens=specials,
         )
-    # expected_hash makes tiktoken verify the file and bypass its path-keyed cache, which
-    # would otherwise serve a stale copy after the tokenizer is retrained at the same path.
-    ranks = load_tiktoken_bpe(
-        str(directory / spec["ranks_file"]), expected_hash=spec["ranks_sha256"]
-    )
+    ranks = _read_ranks(directory / spec["ranks_file"], spec["ranks_sha256"])
     return tiktoken.Encoding(
         name=f"rlhf-{spec['kind']}-{identity}",
         pat_str=spec["pat_str"],
