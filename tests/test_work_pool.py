@@ -19,6 +19,8 @@ from docker.models.containers import _create_container_args
 from prefect import get_client
 from prefect_docker.worker import DockerWorker, DockerWorkerJobConfiguration
 
+from rlhf.flows.deploy import deployment_env, image_tag
+
 from conftest import make_project, prefect_env
 
 
@@ -75,6 +77,22 @@ def test_the_shipped_docker_pool_gives_a_stage_container_its_gpus(prefect_server
         f"{project}:/workspace", f"{storage}:/rlhf-pipeline-storage"
     ]  # fmt: skip
     assert host["ShmSize"] == 8 * 2**30
+    assert host["AutoRemove"] is True  # finished containers do not pile up on the GPU host
     counts = [r["Count"] for r in asyncio.run(rendered_container(orchestration.id))[
         "host_config"]["DeviceRequests"]]  # fmt: skip
     assert counts == [0]  # docker run --gpus 0: NVIDIA_VISIBLE_DEVICES=void
+
+
+def test_deployments_name_the_image_of_the_commit_they_deploy(tmp_path):
+    """Not `latest`, which a GPU host may hold from any older build: the commit, as
+    `.ci/image` tags what it builds, `-dirty` when a tracked file differs from it."""
+    assert image_tag(tmp_path) == "latest"  # no git repository
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "f").write_text("a")
+    for args in (["init", "-q"], ["add", "f"], ["commit", "-qm", "f"]):
+        subprocess.run([*git, *args], cwd=tmp_path, check=True)
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=tmp_path,
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert image_tag(tmp_path) == deployment_env(tmp_path)["RLHF_IMAGE_TAG"] == commit
+    (tmp_path / "f").write_text("b")
+    assert image_tag(tmp_path) == f"{commit}-dirty"

@@ -32,9 +32,20 @@ def deployment_env(root: Path) -> dict[str, str]:
         "RLHF_REPOSITORY": str(root.resolve()),
         "RLHF_STORAGE": str((root / ".." / "rlhf-pipeline-storage").resolve()),
         "RLHF_IMAGE_NAME": "rlhf-pipeline",
-        "RLHF_IMAGE_TAG": "latest",
+        "RLHF_IMAGE_TAG": image_tag(root),
     }
     return defaults | dict(os.environ)
+
+
+def image_tag(root: Path) -> str:
+    """The commit's short hash (`-dirty` when a tracked file differs from it), as `.ci/image`
+    tags what it builds: a GPU host then runs the image of the code deployed, never a stale
+    `latest`; `latest` only outside a git repository."""
+    described = subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude", "*"],
+        cwd=root, capture_output=True, text=True,
+    )  # fmt: skip
+    return described.stdout.strip() if described.returncode == 0 else "latest"
 
 
 def staged_prefect_file(root: Path, config: dict, build: bool, push: bool) -> Path:
