@@ -240,12 +240,20 @@ def deploy(
         bool, typer.Option(help="Build the image with prefect.yaml's build step first.")
     ] = False,
     push: Annotated[bool, typer.Option(help="Push the image to its registry first.")] = False,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            min=-1,
+            help="GPUs for each stage container instead of prefect.yaml's (0: a host without "
+            "GPUs; -1: every GPU of the host).",
+        ),
+    ] = None,
 ) -> None:
     """Create the Docker work pool from docker-work-pool.json and register the deployments in
     prefect.yaml with the Prefect server in PREFECT_API_URL."""
     from rlhf.flows.deploy import deploy as register
 
-    raise typer.Exit(register(Path.cwd(), name, build, push))
+    raise typer.Exit(register(Path.cwd(), name, build, push, gpus))
 
 
 @command()

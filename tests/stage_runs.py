@@ -50,7 +50,12 @@ def stage_project(trained_project, directory, stage, overrides=None):
 
 
 def run_stage(project, stage, nproc, *args):
-    env = clean_env() | {"RLHF_NPROC": str(nproc), "OMP_NUM_THREADS": "1"}
+    # a crashed worker (SIGSEGV) prints where each thread was, into the failure's message
+    env = clean_env() | {
+        "RLHF_NPROC": str(nproc),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
+    }
     return subprocess.run(
         [sys.executable, "-m", f"rlhf.stages.{stage}", *args],
         cwd=project, env=env, capture_output=True, text=True,

@@ -4,13 +4,14 @@ a killed rank stops the stage at once and the rerun resumes, at any process coun
 import json
 import shutil
 import subprocess
+import warnings
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlhf.models import checkpoint
-from rlhf.stages.entry import PEER_LOST, USER_ERROR
+from rlhf.stages.entry import PEER_LOST, RETRY, USER_ERROR
 from rlhf.stages.launch import WorkerFailed, worker_failure
 from rlhf.train.distributed import World
 
@@ -47,6 +48,12 @@ def two_process_runs(trained_project, directory, stage, overrides, strategies):
         project = stage_project(trained_project, directory / strategy, stage,
                                 overrides | {"train.strategy": strategy})  # fmt: skip
         done = run_stage(project, stage, 2)
+        if done.returncode == RETRY and "killed by SIGSEGV" in done.stderr:
+            # A gloo worker crashed once in CI (2 cores under load), not in 9 runs since; its
+            # stack is printed here (PYTHONFAULTHANDLER). The rerun its error line asks for
+            # resumes from the last save, and must still reach one process's numbers.
+            warnings.warn(f"{stage} ({strategy}) crashed, rerun:\n{done.stderr}", stacklevel=1)
+            done = run_stage(project, stage, 2)
         assert done.returncode == 0, done.stderr
         runs[strategy] = project
     return metrics(one, stage), runs

@@ -69,9 +69,13 @@ def test_the_shipped_docker_pool_gives_a_stage_container_its_gpus(prefect_server
     assert container["image"] == "rlhf-pipeline:latest"
     assert container["entrypoint"] == ["/usr/bin/tini", "-g", "--"]  # not the image's `rlhf`
     assert container["command"] == "prefect flow-run execute"
-    assert container["environment"]["PREFECT_API_URL"] == prefect_server
     assert container["environment"]["PREFECT__FLOW_RUN_ID"] == str(two_gpus.id)
-    assert host["NetworkMode"] == "host"  # reaches a server on the host's 127.0.0.1
+    # bridged: the host's loopback services are out of reach; the server's local address
+    # becomes the host's gateway, which the server must listen on (README: the Docker pool)
+    assert host["NetworkMode"] == "bridge"
+    local = prefect_server.replace("127.0.0.1", "host.docker.internal")
+    assert container["environment"]["PREFECT_API_URL"] == local
+    assert host["ExtraHosts"] == ["host.docker.internal:host-gateway"]
     storage = tmp_path / "gpu-host" / "rlhf-pipeline-storage"
     assert host["Binds"] == [
         f"{project}:/workspace", f"{storage}:/rlhf-pipeline-storage"
@@ -81,6 +85,25 @@ def test_the_shipped_docker_pool_gives_a_stage_container_its_gpus(prefect_server
     counts = [r["Count"] for r in asyncio.run(rendered_container(orchestration.id))[
         "host_config"]["DeviceRequests"]]  # fmt: skip
     assert counts == [0]  # docker run --gpus 0: NVIDIA_VISIBLE_DEVICES=void
+
+
+def test_deploy_gives_the_stage_containers_the_gpus_the_host_has(prefect_server, tmp_path):
+    """`rlhf deploy --gpus 0` on a host without GPUs: the stage containers ask for none, and
+    the pipeline's own container still asks for none."""
+    project = make_project(tmp_path / "cpu-host")
+    deploy = subprocess.run(
+        ["rlhf", "deploy", "--gpus", "0"], cwd=project, env=prefect_env(prefect_server),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    with get_client(sync_client=True) as client:
+        runs = [
+            client.create_flow_run_from_deployment(client.read_deployment_by_name(name).id)
+            for name in ("rlhf-stage/rlhf-stage", "rlhf-pipeline/rlhf-pipeline")
+        ]
+    for run in runs:
+        requests = asyncio.run(rendered_container(run.id))["host_config"]["DeviceRequests"]
+        assert [r["Count"] for r in requests] == [0]
 
 
 def test_deployments_name_the_image_of_the_commit_they_deploy(tmp_path):

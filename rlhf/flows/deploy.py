@@ -4,7 +4,9 @@ A Docker pool created with `prefect work-pool create --type docker` gets whateve
 the installed prefect-docker ships, without the GPU request or the entrypoint this image
 needs; so the pool is created (or brought up to date) from `docker-work-pool.json` first.
 `prefect deploy` runs every build and push step in prefect.yaml; where the image is built by
-hand (`docker build`) they are dropped from the copy of prefect.yaml handed to it.
+hand (`docker build`) they are dropped from the copy of prefect.yaml handed to it, and so is
+the GPU count of the deployments that ask for GPUs where the host has another (`--gpus 0` on
+a host without any).
 """
 
 from __future__ import annotations
@@ -48,16 +50,30 @@ def image_tag(root: Path) -> str:
     return described.stdout.strip() if described.returncode == 0 else "latest"
 
 
-def staged_prefect_file(root: Path, config: dict, build: bool, push: bool) -> Path:
-    """prefect.yaml without the build or push steps this deploy skips."""
+def staged_prefect_file(
+    root: Path, config: dict, build: bool, push: bool, gpus: int | None = None
+) -> Path:
+    """prefect.yaml without the build or push steps this deploy skips, and with `gpus` GPUs
+    for each deployment that asks for some (None: as prefect.yaml says)."""
     staged_config = config | {
         "build": config["build"] if build else None,
         "push": config["push"] if push else None,
+        "deployments": [with_gpus(d, gpus) for d in config["deployments"]],
     }
     staged = root / STAGED_PREFECT_FILE
     staged.parent.mkdir(parents=True, exist_ok=True)
     staged.write_text(yaml.safe_dump(staged_config, sort_keys=False))
     return staged
+
+
+def with_gpus(deployment: dict, gpus: int | None) -> dict:
+    """The deployment with `gpus` GPUs if it asks for any; one that asks for none (the
+    pipeline's orchestration) keeps asking for none."""
+    variables = deployment["work_pool"].get("job_variables", {})
+    if gpus is None or not variables.get("gpus", 0):
+        return deployment
+    pool = deployment["work_pool"] | {"job_variables": variables | {"gpus": gpus}}
+    return deployment | {"work_pool": pool}
 
 
 def give_docker_pools_the_template(pools: set[str], template: dict) -> None:
@@ -76,13 +92,15 @@ def give_docker_pools_the_template(pools: set[str], template: dict) -> None:
                 client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
 
 
-def deploy(root: Path, names: list[str] | None, build: bool, push: bool) -> int:
+def deploy(
+    root: Path, names: list[str] | None, build: bool, push: bool, gpus: int | None = None
+) -> int:
     """Create the Docker pools, then register the deployments; `prefect deploy`'s status."""
     config = yaml.safe_load((root / PREFECT_FILE).read_text())
     deployments = [d for d in config["deployments"] if names is None or d["name"] in names]
     template = json.loads((root / POOL_TEMPLATE).read_text())
     give_docker_pools_the_template({d["work_pool"]["name"] for d in deployments}, template)
     selected = [f"--name={n}" for n in names] if names else ["--all"]
-    staged = staged_prefect_file(root, config, build, push)
+    staged = staged_prefect_file(root, config, build, push, gpus)
     command = ["prefect", "--no-prompt", "deploy", "--prefect-file", str(staged), *selected]
     return subprocess.call(command, cwd=root, env=deployment_env(root))

@@ -140,20 +140,20 @@ def push_outputs(checkout: Path) -> None:
     run_command(["dvc", "push", "--quiet", "--run-cache"], checkout)
 
 
-def untracked_outputs(checkout: Path) -> list[str]:
-    """Outputs DVC leaves to git (`cache: false`) that git does not track yet:
-    `dvc exp save` keeps them only when named."""
-    with Repo(str(checkout)) as repo:
-        kept_by_git = [os.path.relpath(out.fs_path, checkout) for out in repo.index.outs
-                       if not out.use_cache]  # fmt: skip
-    tracked = set(run_command(["git", "ls-files", "--full-name"], checkout).split())
-    return [path for path in kept_by_git if path not in tracked and (checkout / path).exists()]
+def untracked_files(checkout: Path) -> list[str]:
+    """What the run wrote that git would keep but does not track yet: the outputs DVC leaves
+    to git (`cache: false`: metrics, plots) and the `.gitignore` files DVC wrote beside new
+    outputs. `dvc exp save` keeps untracked files only when named; without those
+    `.gitignore`s, `dvc exp apply` would leave the models it checks out for `git add` to
+    pick up."""
+    listed = run_command(["git", "ls-files", "--others", "--exclude-standard", "-z"], checkout)
+    return [path for path in listed.split("\0") if path]
 
 
 def record_experiment(checkout: Path, name: str, root: Path) -> str:
     """Save the checkout's state as DVC experiment `name` and push the experiment's git ref
     to the repository; returns the experiment's commit."""
-    named = [arg for path in untracked_outputs(checkout) for arg in ("--include-untracked", path)]
+    named = [arg for path in untracked_files(checkout) for arg in ("--include-untracked", path)]
     run_command(["dvc", "exp", "save", "--quiet", "--force", "--name", name, *named], checkout)
     run_command(["dvc", "exp", "push", "--no-cache", "--force", "origin", name], checkout)
     refs = run_command(["git", "for-each-ref", "--format=%(objectname) %(refname)"], root)
