@@ -157,6 +157,10 @@ def hand_over(repository: Path, uid: int, gid: int) -> None:
             os.lchown(path, uid, gid)
 
 
+def no_flow_run_container(engine) -> bool:
+    return not engine.containers.list(all=True, filters={"label": "io.prefect.flow-run-id"})
+
+
 def in_image(engine, image: str, repository: Path, user: str, *command: str) -> str:
     """`command`'s output, run in the image as the repository's owner (as the stages were), on
     the repository and its remote mounted where the deployments mount them."""
@@ -285,8 +289,10 @@ def main() -> int:
         containers = {s.infrastructure_pid for s in stage_runs} | {flow_run.infrastructure_pid}
         check(None not in containers and len(containers) == len(stage_runs) + 1,
               "every stage, and the pipeline, ran in a container of its own")  # fmt: skip
-        left = engine.containers.list(all=True, filters={"label": "io.prefect.flow-run-id"})
-        check(not left, f"no finished container left behind (auto_remove): {left}")
+        # a flow run is Completed a moment before its container exits and is removed
+        wait_for("no finished container left behind (auto_remove)",
+                 partial(no_flow_run_container, engine), 60)  # fmt: skip
+        print("  ok: no finished container left behind (auto_remove)")
         experiments = json.loads(owner("dvc", "exp", "show", "--json"))
         recorded = [e for baseline in experiments for e in baseline.get("experiments") or []]
         check(len(recorded) == 1, f"one experiment recorded: {[e.get('name') for e in recorded]}")

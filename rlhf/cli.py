@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import inspect
 import json
 import os
 from collections.abc import Callable
@@ -16,14 +17,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 
 from rlhf.errors import CheckpointError, OptionError, OutputError, PipelineError
-from rlhf.params import RL_ALGORITHMS, DataParams, describe, load_params
+from rlhf.params import RL_ALGORITHMS, DataParams, describe, load_params, lookup, parse_params
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
-from rlhf.stages.entry import DEBUG_ENV, print_error, report_errors
+from rlhf.stages.entry import DEBUG_ENV, USER_ERROR, print_error, report_errors
 
 # results (tables of answers, scores, params) go to stdout, for pipes; logs, progress and
 # errors go to stderr (`rlhf.stages.common.console`)
@@ -72,9 +74,18 @@ def command(name: str | None = None) -> Callable[[Callable[..., None]], Callable
             if status:
                 raise typer.Exit(status)
 
-        return app.command(name)(guarded)
+        return app.command(name, help=unwrapped(function.__doc__))(guarded)
 
     return register
+
+
+def unwrapped(docstring: str | None) -> str | None:
+    """A docstring as help text: each paragraph one line, for the terminal to wrap (the
+    docstring's own line breaks would show in `rlhf --help`)."""
+    if docstring is None:
+        return None
+    paragraphs = inspect.cleandoc(docstring).split("\n\n")
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
 
 
 @command()
@@ -185,6 +196,15 @@ def report(
     results.print(Markdown(path.read_text()))
 
 
+# Prefect's temporary server, where PREFECT_API_URL names none and the environment does not
+# say otherwise: minutes to start (Prefect's 20 s failed on a busy 2-core machine) and no
+# analytics (offline hosts).
+TEMPORARY_SERVER = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+
+
 @command("run")
 def run_pipeline(
     target: Annotated[
@@ -215,7 +235,9 @@ def run_pipeline(
     """The whole pipeline through the Prefect flow `rlhf-pipeline`; up-to-date stages are
     skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL, else a temporary
     local one. A run started while another holds this repository waits for it."""
-    from rlhf.flows.pipeline import pipeline
+    for setting, value in TEMPORARY_SERVER.items():  # read when Prefect is imported, below
+        os.environ.setdefault(setting, value)
+    from rlhf.flows.pipeline import REFUSED, pipeline
 
     state = pipeline(
         target=target,
@@ -225,9 +247,9 @@ def run_pipeline(
         retries=retries,
         return_state=True,
     )
-    if not state.is_completed():
+    if not state.is_completed():  # refused: a problem the user fixes (2); else a failure (1)
         print_error(f"rlhf-pipeline ended {state.name}: {state.message}")
-        raise typer.Exit(1)
+        raise typer.Exit(USER_ERROR if state.name == REFUSED else 1)
 
 
 @command()
@@ -597,11 +619,48 @@ def export(
 
 
 @command("params")
-def show_params() -> None:
-    """List every hyperparameter with its default and what it does."""
-    table = Table("key", "default", "meaning")
-    for key, doc, default in describe():
-        table.add_row(key, json.dumps(default), doc)
+def show_params(
+    set_params: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-S",
+            help="key=value, as `dvc exp run -S` would apply it; params.yaml is not changed.",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Only check params.yaml with the overrides, as every stage does first: one "
+            "line naming a bad key or value (and the key you may have meant), exit status 2.",
+        ),
+    ] = False,
+) -> None:
+    """Every hyperparameter: its value (params.yaml with the overrides), its default and what
+    it does; tab-separated lines when the output is not a terminal, for grep."""
+    from rlhf.stages.overrides import with_overrides
+
+    overrides = set_params or []
+    if paths.PARAMS.exists():
+        values = parse_params(yaml.safe_load(with_overrides(paths.PARAMS, overrides)))
+    elif overrides:
+        raise OptionError(f"-S needs a {paths.PARAMS} to apply to; none is here")
+    else:
+        values = parse_params({})
+    if check:
+        with_what = f" with -S {' '.join(overrides)}" if overrides else ""
+        results.print(f"{paths.PARAMS}{with_what}: valid")
+        return
+    rows = [(key, json.dumps(lookup(values, key)), json.dumps(default), doc)
+            for key, doc, default in describe()]  # fmt: skip
+    if not results.is_terminal:
+        for row in rows:
+            print("\t".join(row))
+        return
+    table = Table("key", "value", "default", "meaning")
+    for key, value, default, doc in rows:
+        table.add_row(key, value if value == default else f"[bold]{value}[/bold]", default, doc)
     results.print(table)
 
 

@@ -547,6 +547,16 @@ class Params:
     device: Literal["auto", "cpu", "cuda"] = spec(
         "auto", "`auto` picks CUDA when available, else CPU."
     )
+    threads: int = spec(
+        2,
+        "torch's CPU threads in each model stage's process. The order floats are summed in "
+        "depends on it: the committed results are what any machine of the same CPU family "
+        "reproduces at this count, with at least this many cores for full speed. 0: torch's "
+        "default, every core (fastest; reproducible only at the same core count). CUDA "
+        "kernels are unaffected.",
+        ge=0,
+        le=1024,
+    )
     tokenizer: TokenizerParams = field(
         default_factory=TokenizerParams, metadata={"doc": "Tokenizer stage."}
     )

@@ -22,6 +22,7 @@ TINY_PARAMS = {
     "seed": 7,
     # RLHF_TEST_DEVICE=cuda runs the tiny pipeline on a GPU host
     "device": os.environ.get("RLHF_TEST_DEVICE", "cpu"),
+    "threads": 1,  # two tests at a time on two cores (pytest -n 2)
     "rl_algorithms": ["ppo", "grpo"],
     "tokenizer": {"kind": "bpe", "vocab_size": 400},
     "model": {"init": "scratch", "n_layer": 2, "n_head": 2, "n_embd": 48, "block_size": 64},

@@ -1,13 +1,17 @@
 import io
 import json
+import shutil
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from rlhf.cli import app
 from rlhf.stages.common import ProgressLines
+
+from conftest import REPO
 
 runner = CliRunner()
 
@@ -72,6 +76,63 @@ def test_results_go_to_stdout_and_logs_to_stderr(tmp_path):
     assert any("ppo.kl_coef" in row and "0.2" in row for row in rows) and done.stderr == ""
 
 
+def test_params_off_a_terminal_are_whole_rows_with_the_value_beside_the_default(tmp_path):
+    """`rlhf params | grep kl_coef`: one tab-separated line per key, nothing cut, the value
+    params.yaml (with -S) gives beside the schema's default."""
+    (tmp_path / "params.yaml").write_text("grpo:\n  kl_coef: 0.2  # a comment\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf.cli", "params", "-S", "ppo.kl_coef=0.5"], cwd=tmp_path,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2  # ppo is not in that params.yaml: -S cannot set a key it lacks
+    assert done.stderr.strip() == (
+        "error: -S ppo.kl_coef=0.5: params.yaml has no key ppo.kl_coef (at its default): "
+        "-S +ppo.kl_coef=0.5"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf.cli", "params", "-S", "grpo.kl_coef=0.3"], cwd=tmp_path,
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = {line.split("\t")[0]: line.split("\t")[1:] for line in done.stdout.splitlines()}
+    assert rows["grpo.kl_coef"][:2] == ["0.3", "0.05"]
+    assert rows["ppo.kl_coef"][:2] == ["0.2", "0.2"]
+    assert rows["grpo.kl_coef"][2] == "Weight beta of the KL loss term."  # the whole meaning
+    assert "# a comment" in (tmp_path / "params.yaml").read_text()  # params.yaml untouched
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ("ppo.klcoef=1", "-S ppo.klcoef=1: params.yaml has no key ppo.klcoef (did you mean "
+         "ppo.kl_coef?)"),
+        ("+ppo.klcoef=1", "params.yaml with -S +ppo.klcoef=1: unknown key 'ppo.klcoef' (did you "
+         "mean 'ppo.kl_coef'?)"),
+        ("ppo.kl_coef=[1", "-S ppo.kl_coef=[1: no viable alternative at input '[1'"),
+        ("ppo.kl_coef=-1", "params.yaml with -S ppo.kl_coef=-1: ppo.kl_coef = -1.0 is out of "
+         "range: must be >= 0.0"),
+    ],
+)  # fmt: skip
+def test_params_check_refuses_a_bad_override_in_one_line_before_dvc_exp_run_would(
+    in_shipped_params, override, error
+):
+    """What `dvc exp run -S` users run first: DVC itself says "Invalid `--set-param` value",
+    or with `+` writes the typo into params.yaml; here one line names it, params.yaml stays."""
+    before = (in_shipped_params / "params.yaml").read_text()
+    result = runner.invoke(app, ["params", "--check", "-S", override])
+    assert result.exit_code == 2
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert line.startswith(f"error: {error}")
+    assert (in_shipped_params / "params.yaml").read_text() == before
+    assert runner.invoke(app, ["params", "--check", "-S", "ppo.kl_coef=0.05"]).exit_code == 0
+
+
+@pytest.fixture
+def in_shipped_params(tmp_path, monkeypatch):
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 def test_off_a_terminal_progress_is_a_line_every_so_often():
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=40)
@@ -122,3 +183,11 @@ def test_generate_and_score_files_meet_the_row_rule(tmp_path, monkeypatch):
         result = runner.invoke(app, ["score", "--file", path.name])
         assert result.exit_code == 2
         assert one_error_line(result).startswith(f"error: {path.name}: {problem}")
+
+
+def test_help_wraps_docstrings_at_the_terminal_not_at_their_own_line_breaks():
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "200"}, terminal_width=200)
+    assert "resumes if interrupted; RLHF_NPROC processes." in result.output
+    for info in app.registered_commands:
+        paragraphs = (info.help or "").split("\n\n")
+        assert all("\n" not in paragraph for paragraph in paragraphs), info.name

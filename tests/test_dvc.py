@@ -3,9 +3,11 @@ runs on the tiny config that rerun exactly the stages whose params, data or code
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,6 +242,30 @@ def test_an_identical_rerun_changes_no_metric_and_no_lock_entry(trained_project,
     assert json.loads(sh(["dvc", "metrics", "diff", "--json"], project)) == {}
     assert sh(["git", "diff", "--stat"], project) == ""  # dvc.lock, metrics and plots alike
     assert json.loads((project / "timings" / "sft.json").read_text())["tokens_per_s"] > 0
+
+
+def test_at_the_same_threads_a_stage_writes_the_same_bytes_on_one_core_as_on_two(
+    trained_project, tmp_path
+):
+    """`threads` decides torch's CPU threads (and so the order floats are summed in), not
+    OMP_NUM_THREADS nor the cores the process may use: at `threads: 2` the reward model
+    trained on one core is the one trained on two, byte for byte; the timings say 2."""
+    outputs = []
+    for cores, omp in (({0}, "1"), (os.sched_getaffinity(0), "2")):
+        project = tmp_path / f"on-{len(cores)}"
+        shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
+        write_params(project, {"threads": 2})
+        done = subprocess.run(
+            [sys.executable, "-m", "rlhf.stages.rm"], cwd=project,
+            env=clean_env() | {"OMP_NUM_THREADS": omp},
+            preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores),
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads((project / "timings" / "rm.json").read_text())["threads"] == 2
+        outputs.append([(project / f).read_bytes() for f in ("artifacts/rm/model.pt",
+                                                             "metrics/rm.json")])  # fmt: skip
+    assert outputs[0] == outputs[1]
 
 
 def test_each_plot_file_is_drawn_once(dvc_project):

@@ -385,8 +385,15 @@ def test_cli_run_goes_through_the_flow_and_reports_failure(in_project):
     done = CliRunner().invoke(app, ["run", "--target", "prepare"])
     assert done.exit_code == 0, done.output
     failed = CliRunner().invoke(app, ["run", "--target", "prepare", "-S", "data.n_train=-5"])
-    assert failed.exit_code == 1
+    assert failed.exit_code == 2  # refused: the user's to fix
     assert "data.n_train" in failed.output
+    typo = CliRunner().invoke(app, ["run", "--target", "prepare", "-S", "ppo.klcoef=1"])
+    assert typo.exit_code == 2
+    assert (
+        "error: rlhf-pipeline ended Refused: -S ppo.klcoef=1: params.yaml has no key "
+        "ppo.klcoef (did you mean ppo.kl_coef?)" in typo.output
+    )
+    assert "Traceback" not in typo.output
 
 
 def test_cli_experiment_run_needs_a_commit_to_run(in_project):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-
 from rlhf.flows.repository import checkout_for_run, head_commit, record_experiment
 
-from conftest import clean_env, init_dvc_repo
+from conftest import init_dvc_repo, sh
 
 STAGE = """stages:
   count:
@@ -15,12 +13,6 @@ STAGE = """stages:
     outs: [out/model.txt]
     metrics: [{metrics.json: {cache: false}}]
 """
-
-
-def sh(args: list[str], cwd) -> str:
-    done = subprocess.run(args, cwd=cwd, env=clean_env(), capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def test_an_experiment_keeps_what_git_needs_to_ignore_the_outputs_it_checks_out(tmp_path):

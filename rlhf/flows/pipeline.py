@@ -17,18 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
-import yaml
 from dvc.repo import Repo
-from dvc.utils.hydra import apply_overrides
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -53,11 +48,12 @@ from rlhf.flows.repository import (
     valid_experiment_name,
 )
 from rlhf.flows.stage_names import StageName
-from rlhf.params import ParamsError, parse_params
+from rlhf.params import ParamsError
 from rlhf.stages import paths
 from rlhf.stages.dvcfile import declared_stages
 from rlhf.stages.entry import ERROR_PREFIX, FAILED_PREFIX
 from rlhf.stages.launch import NPROC_ENV
+from rlhf.stages.overrides import set_params
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
 REFUSED = "Refused"  # state name of a stage that reported an error the user must fix
@@ -76,19 +72,6 @@ def stages_for(target: str, root: Path) -> list[str]:
         needed = {target} | {s.name for s in nx.descendants(graph, by_name[target])}
         order = [s.name for s in reversed(list(nx.topological_sort(graph)))]
     return [name for name in order if name in needed]
-
-
-def set_params(overrides: Sequence[str], params_file: Path) -> None:
-    """Apply `key=value` overrides to params.yaml as `dvc exp run -S` does (Hydra syntax,
-    comments kept), but only once the result passes the params schema."""
-    if not overrides:
-        return
-    with tempfile.TemporaryDirectory(dir=params_file.parent) as tmp:
-        staged = Path(tmp) / params_file.name
-        shutil.copy(params_file, staged)
-        apply_overrides(staged, list(overrides))
-        parse_params(yaml.safe_load(staged.read_text()), str(params_file))  # names key and value
-        staged.replace(params_file)
 
 
 def stage_metrics(address: str) -> tuple[Path, ...]:
@@ -195,7 +178,7 @@ def stage_flow(
         GPU); None: the container's RLHF_NPROC, else 1. Not a param: DVC's stage is the same.
     """
     directory = Path(workdir)
-    set_params(overrides or [], directory / paths.PARAMS)
+    set_params(directory / paths.PARAMS, overrides or [])
     return run_stage(StageName(stage).value, retries, directory, nproc)
 
 
@@ -269,7 +252,7 @@ def pipeline(
         with one_run_per_repository(root, wait_for_repository_s):
             if experiment:
                 return experiment_run(root, last_stage, changes, run)
-            set_params(changes, root / paths.PARAMS)
+            set_params(root / paths.PARAMS, changes)
             stages = stages_for(last_stage, root)
             if failed := run_stages(stages, Path("."), run):
                 return failed
@@ -291,7 +274,7 @@ def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineR
     sweep_checkouts(root)
     checkout = checkout_for_run(root, name, baseline)
     try:
-        set_params(overrides, checkout / paths.PARAMS)
+        set_params(checkout / paths.PARAMS, overrides)
         remote = has_remote(checkout)
         if remote:
             pull_inputs(checkout)

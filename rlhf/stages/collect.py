@@ -58,7 +58,7 @@ from rlhf.synthetic.collection import (
 SPEC = StageSpec(
     "collect",
     "rlhf.stages.collect",
-    params=("seed", "device", "memory", "collect"),
+    params=("seed", "device", "threads", "memory", "collect"),
     inputs=(paths.RAW, paths.PROMPTS_TRAIN, paths.SFT_TRAIN, paths.TOKENIZER, paths.SFT_MODEL),
     outs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL),
     metrics=(paths.metrics_file("collect"),),

@@ -23,7 +23,7 @@ from rlhf.stages.common import console, file_digest, params
 from rlhf.stages.imports import code_closure
 from rlhf.stages.outputs import begin
 from rlhf.stages.specs import StageSpec
-from rlhf.train.device import resolve_device
+from rlhf.train.device import pin_threads, resolve_device
 from rlhf.train.distributed import World, current_world, join
 from rlhf.train.memory import Workload, preflight
 
@@ -38,13 +38,14 @@ class StageRun:
 
     @classmethod
     def start(cls, declared: StageSpec, item: str | None = None) -> StageRun:
-        """Clear what a killed run left half-written, load and check params, seed torch, pick
-        the device, join the data-parallel workers (under torchrun), load the tokenizer;
-        `item` is the element of a foreach stage (the RL algorithm)."""
+        """Clear what a killed run left half-written, load and check params, pin torch's CPU
+        threads, seed torch, pick the device, join the data-parallel workers (under torchrun),
+        load the tokenizer; `item` is the element of a foreach stage (the RL algorithm)."""
         spec, world = declared.filled(item), current_world()
         if world.is_main:
             begin(spec)
         p = params()
+        pin_threads(p.threads)
         torch.manual_seed(p.seed)
         device = join(world, resolve_device(p.device))
         return cls(spec, p, device, load_tokenizer(paths.TOKENIZER), world)

@@ -72,13 +72,15 @@ def published(spec: StageSpec) -> Iterator[Publication]:
 def write_timings(
     stage: str, summary: dict[str, Any], steps: list[dict[str, Any]] | None = None
 ) -> None:
-    """How fast the stage ran, to `timings/<stage>.json` (and per step to
-    `timings/<stage>_steps.csv`), outside every DVC output.
+    """How fast the stage ran, and on how many CPU threads, to `timings/<stage>.json` (and
+    per step to `timings/<stage>_steps.csv`), outside every DVC output.
 
     A rerun with the same params and seed reproduces every output byte for byte except its
     speed: were timings in the metrics files, each identical rerun would change their hashes
     in dvc.lock and lead `dvc metrics diff` with throughput "changes".
     """
-    write_json(paths.timings_file(stage), summary)
+    import torch  # the stages that time themselves have it loaded
+
+    write_json(paths.timings_file(stage), {"threads": torch.get_num_threads(), **summary})
     if steps:
         write_csv(paths.timing_steps_file(stage), steps)

@@ -28,7 +28,7 @@ from rlhf.stages.specs import StageSpec, trained_outputs
 SPEC = StageSpec(
     "rm",
     "rlhf.stages.rm",
-    params=("seed", "device", "memory", "train", "rm"),
+    params=("seed", "device", "threads", "memory", "train", "rm"),
     inputs=(
         paths.COMPARISONS_TRAIN,
         paths.COMPARISONS_VAL,

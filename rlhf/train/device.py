@@ -21,6 +21,14 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
+def pin_threads(count: int) -> None:
+    """Fix torch's CPU intra-op thread count (0: leave torch's default, every core). How a
+    reduction is split among threads decides the order its floats are summed in, so the
+    same params give bit-identical CPU results only at the same count."""
+    if count:
+        torch.set_num_threads(count)
+
+
 @contextlib.contextmanager
 def autocast(device: torch.device, bf16: bool) -> Iterator[None]:
     """bf16 autocast on CUDA when asked; full precision elsewhere (CPU bf16 is slower here)."""
