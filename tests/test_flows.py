@@ -255,7 +255,8 @@ def test_containerized_pipeline_dispatches_each_stage_and_fails_with_the_stages_
         overrides=OWN_DATA, return_state=True,
     )  # fmt: skip
     assert failed.is_failed()
-    assert "stage prepare: data.source is 'files' but" in failed.message
+    assert failed.message.startswith("stage prepare (flow run ")  # the stage named once
+    assert "): data.source is 'files' but" in failed.message
     assert (worker / "params.yaml").read_text() == before
     assert not any((worker / ".rlhf" / "runs").iterdir())
 

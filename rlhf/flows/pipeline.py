@@ -203,7 +203,8 @@ def run_stages(stages: list[str], workdir: Path, run: PipelineRun) -> State | No
         parameters |= {"nproc": run.nproc} if run.nproc else {}
         child, state = run_stage_deployment(parameters, run.start_timeout_s, run.stage_timeout_s)
         if not state.is_completed():
-            return Failed(message=f"stage {stage} (flow run {child.name}): {state.message}")
+            said = (state.message or "").removeprefix(f"stage {stage}: ")  # named once
+            return Failed(message=f"stage {stage} (flow run {child.name}): {said}")
         logger.info("stage %s: flow run %s completed", stage, child.name)
     return None
 
