@@ -11,6 +11,7 @@ import getpass
 import inspect
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -618,6 +619,92 @@ def export(
     )
 
 
+@command()
+def seeds(
+    seed: Annotated[list[int], typer.Argument(help="The seeds to run, e.g. 1 2 3.")],
+    set_params: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-S", help="key=value for every run, as `dvc exp run -S`."),
+    ] = None,
+) -> None:
+    """Run the pipeline at each seed as a DVC experiment (`dvc exp run --temp -S seed=N`, one
+    after the other, the workspace left as it is), then compare them (`rlhf compare`)."""
+    from rlhf.stages.overrides import with_overrides
+
+    overrides = set_params or []
+    for value in seed:  # refused before the first run: a typo in -S, a seed out of range
+        with_overrides(paths.PARAMS, [*overrides, f"seed={value}"])
+    for value in seed:
+        settings = [arg for o in [*overrides, f"seed={value}"] for arg in ("-S", o)]
+        console.print(f"seeds: dvc exp run --temp {' '.join(settings)}")
+        done = subprocess.run(["dvc", "exp", "run", "--temp", *settings])
+        if done.returncode:
+            raise PipelineError(f"dvc exp run at seed {value} exited {done.returncode}")
+    compare(as_json=False)
+
+
+@command()
+def compare(
+    as_json: Annotated[bool, typer.Option("--json", help="The comparison as JSON.")] = False,
+) -> None:
+    """The headline numbers of every run in this repository (the workspace and each DVC
+    experiment) against their spread over the runs that differ from the workspace only in
+    seed: mean ± standard deviation, and each experiment's value marked `~` when it lies within
+    two standard deviations of that mean (noise), `!` when outside."""
+    from rlhf.eval.seeds import compared_numbers, params_changed, spreads
+    from rlhf.stages.experiments import recorded_runs
+
+    runs = recorded_runs(Path.cwd())
+    baseline = {k: v for k, v in runs[0].params.items() if k != "seed"}
+    by_seed: dict[object, dict[str, float]] = {}
+    others: dict[str, tuple[list[str], dict[str, float]]] = {}
+    for run in runs:
+        changes = params_changed({k: v for k, v in run.params.items() if k != "seed"}, baseline)
+        if not changes:
+            by_seed.setdefault(run.params.get("seed"), compared_numbers(run.metrics))
+        else:
+            others[run.name] = (changes, compared_numbers(run.metrics))
+    spread = spreads(list(by_seed.values()))
+    if as_json:
+        payload = {
+            "seeds": {str(s): numbers for s, numbers in by_seed.items()},
+            "spread": {k: vars(v) for k, v in spread.items()},
+            "experiments": {
+                name: {"changes": changes, "numbers": numbers,
+                       "within_noise": {k: spread[k].within_noise(v)
+                                        for k, v in numbers.items() if k in spread}}
+                for name, (changes, numbers) in others.items()
+            },
+        }  # fmt: skip
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    header = [f"over {len(by_seed)} seed(s): mean ± std (min – max)"]
+    header += [f"{name} ({', '.join(changes)})" for name, (changes, _) in others.items()]
+    rows = []
+    for key, s in spread.items():
+        cells = [f"{s.mean:.3f} ± {s.std:.3f} ({s.low:.3f} – {s.high:.3f})"]
+        for _, numbers in others.values():
+            value = numbers.get(key)
+            mark = "" if value is None else ("~" if s.within_noise(value) else "!")
+            cells.append("–" if value is None else f"{value:.3f} {mark}")
+        rows.append([key, *cells])
+    if len(by_seed) < 2:
+        console.print("compare: one seed only, so no spread yet: `rlhf seeds 1 2` adds two")
+    show_rows(["metric", *header], rows)
+
+
+def show_rows(header: list[str], rows: list[list[str]]) -> None:
+    """A table on a terminal; tab-separated lines elsewhere, for grep and scripts."""
+    if not results.is_terminal:
+        for row in [header, *rows]:
+            print("\t".join(row))
+        return
+    table = Table(*header)
+    for row in rows:
+        table.add_row(*row)
+    results.print(table)
+
+
 @command("params")
 def show_params(
     set_params: Annotated[
@@ -654,14 +741,7 @@ def show_params(
         return
     rows = [(key, json.dumps(lookup(values, key)), json.dumps(default), doc)
             for key, doc, default in describe()]  # fmt: skip
-    if not results.is_terminal:
-        for row in rows:
-            print("\t".join(row))
-        return
-    table = Table("key", "value", "default", "meaning")
-    for key, value, default, doc in rows:
-        table.add_row(key, value if value == default else f"[bold]{value}[/bold]", default, doc)
-    results.print(table)
+    show_rows(["key", "value", "default", "meaning"], rows)
 
 
 if __name__ == "__main__":

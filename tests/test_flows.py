@@ -400,6 +400,6 @@ def test_cli_run_goes_through_the_flow_and_reports_failure(in_project):
 def test_cli_experiment_run_needs_a_commit_to_run(in_project):
     """`rlhf run --experiment` runs a commit; a project with none is one line, not a trace."""
     failed = CliRunner().invoke(app, ["run", "--experiment", "--target", "prepare"])
-    assert failed.exit_code == 1
+    assert failed.exit_code == 2  # refused: the user's to fix
     assert "has no commit yet: commit the project first" in failed.output
     assert "Traceback" not in failed.output

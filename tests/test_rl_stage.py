@@ -36,8 +36,8 @@ STEP_COLUMNS = {
 CRITIC_COLUMNS = {"value_loss", "value_clip_fraction", "explained_variance"}
 TIMING = {"rollout_tokens_per_s", "update_tokens_per_s", "rollout_s", "scoring_s", "update_s"}
 TIMING_SUMMARY = {
-    "rollout_tokens_per_s", "update_tokens_per_s", "seconds_rollout", "seconds_scoring",
-    "seconds_update",
+    "threads", "rollout_tokens_per_s", "update_tokens_per_s", "seconds_rollout",
+    "seconds_scoring", "seconds_update",
 }  # fmt: skip
 
 

@@ -102,13 +102,14 @@ def summarize(
 
 
 def flattened(prefix: str, value: Any) -> dict[str, Any]:
-    """Nested dicts as one flat dict with dotted keys, as `dvc metrics show` names them."""
+    """Nested dicts as one flat dict with dotted keys, as `dvc metrics show` names them, each
+    under `prefix` (none when it is empty)."""
     if not isinstance(value, Mapping):
         return {prefix: value}
     return {
         k: v
         for name, inner in value.items()
-        for k, v in flattened(f"{prefix}.{name}", inner).items()
+        for k, v in flattened(f"{prefix}.{name}" if prefix else str(name), inner).items()
     }
 
 

@@ -33,6 +33,7 @@ from prefect.states import Completed, Failed, State
 
 from rlhf.errors import PipelineError
 from rlhf.eval.report import policies_table, win_rates_table
+from rlhf.eval.summary import flattened
 from rlhf.flows.dispatch import run_stage_deployment
 from rlhf.flows.lock import one_run_per_repository
 from rlhf.flows.repository import (
@@ -80,17 +81,6 @@ def stage_metrics(address: str) -> tuple[Path, ...]:
     return declared_stages()[name].filled(item or None).metrics
 
 
-def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested metrics as dotted keys, the way `dvc metrics show` names them."""
-    flat: dict[str, Any] = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            flat |= flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def publish_metrics(stage: str, root: Path) -> None:
     """Each of the stage's metrics files, and its timings, as one Prefect table artifact
     (`rl@ppo`'s are keyed `rl-ppo-metrics` and `rl-ppo-timings`: artifact keys take
@@ -100,7 +90,7 @@ def publish_metrics(stage: str, root: Path) -> None:
     for kind, paths_of_kind in files.items():
         for file in (root / f for f in paths_of_kind):
             if file.exists():
-                rows = flatten(json.loads(file.read_text()))
+                rows = flattened("", json.loads(file.read_text()))
                 create_table_artifact(
                     key=f"{stage.replace('@', '-')}-{kind}",
                     table=[{"metric": k, "value": v} for k, v in rows.items()],

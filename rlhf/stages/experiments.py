@@ -1,0 +1,69 @@
+"""The runs a repository holds: its workspace and every DVC experiment, with their params and
+metrics, read from git (an experiment is a commit under `refs/exps/`) without checking
+anything out, so that `rlhf compare` leaves the workspace as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf.errors import PipelineError
+from rlhf.eval.seeds import COMPARED
+from rlhf.eval.summary import flattened
+from rlhf.stages import paths
+
+# refs/exps/<first 2 hex digits of the baseline>/<the other 38>/<name>: DVC's experiment refs
+# (refs/exps/apply/..., refs/exps/exec/..., refs/exps/celery/... are its bookkeeping)
+EXPERIMENT_REF = re.compile(r"refs/exps/[0-9a-f]{2}/[0-9a-f]{38}/(?P<name>[^/]+)")
+WORKSPACE = "workspace"
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    name: str  # the experiment's name, or "workspace"
+    params: dict[str, Any]  # params.yaml, flattened to dotted keys
+    metrics: dict[str, Any]  # metrics file stem (`eval`) -> its contents
+
+
+def recorded_runs(root: Path) -> list[RecordedRun]:
+    """The workspace's run, then every experiment's that has the compared metrics files."""
+    runs = [RecordedRun(WORKSPACE, *read_run(lambda path: (root / path).read_text()))]
+    listed = git(["for-each-ref", "--format=%(refname)", "refs/exps"], root).split()
+    for ref in listed:
+        if match := EXPERIMENT_REF.fullmatch(ref):
+            try:
+                params, metrics = read_run(partial(committed_text, root, ref))
+            except FileNotFoundError:  # an experiment that failed before its metrics
+                continue
+            runs.append(RecordedRun(match["name"], params, metrics))
+    return runs
+
+
+def read_run(read: Callable[[Path], str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """params.yaml (flattened) and the compared metrics files, through `read(path) -> text`."""
+    params = yaml.safe_load(read(paths.PARAMS)) or {}
+    metrics = {name: json.loads(read(paths.metrics_file(name))) for name in COMPARED}
+    return flattened("", params), metrics
+
+
+def committed_text(root: Path, commit: str, path: Path) -> str:
+    return git(["show", f"{commit}:{path}"], root)
+
+
+def git(args: list[str], root: Path) -> str:
+    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if done.returncode:
+        said = done.stderr.strip().splitlines()
+        if args[0] == "show":  # the file is not in that commit
+            raise FileNotFoundError(args[-1])
+        raise PipelineError(f"git {args[0]} in {root}: {said[-1] if said else 'failed'}")
+    return done.stdout
