@@ -5,6 +5,7 @@ they cannot go stale.
     python docs/results.py --check   # exit 1, naming the file, when the block is stale
 
 The block between `<!-- results:begin -->` and `<!-- results:end -->` is generated from
+docs/seeds.json (the spread of the headline numbers over seeds, `rlhf compare --json`) and
 metrics/eval.json and metrics/rm.json (what `dvc repro` committed): every policy's gold score,
 reward and KL to the SFT policy, and each pair's gold win rate with its interval, through the
 same tables reports/eval.md shows.
@@ -28,6 +29,7 @@ from rlhf.eval.report import policies_table, win_rates_table  # noqa: E402
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TARGETS = (ROOT / "README.md", ROOT / "docs" / "results.md")
 JUDGE = "gold"
+SEEDS = ROOT / "docs" / "seeds.json"  # `rlhf compare --json` of the default at several seeds
 
 
 def results_markdown(evaluation: dict[str, Any], reward_model: dict[str, Any], seed: int) -> str:
@@ -47,6 +49,36 @@ def results_markdown(evaluation: dict[str, Any], reward_model: dict[str, Any], s
     return "\n".join(lines).rstrip("\n")
 
 
+def seeds_markdown(compared: dict[str, Any]) -> list[str]:
+    """The spread over seeds of the numbers a reader compares (`rlhf compare --json` of the
+    default run at several seeds): gold win rate over SFT, gold score, KL to SFT, RM accuracy."""
+    seeds = ", ".join(sorted(compared["seeds"], key=int))
+    rows = []
+    for key, spread in compared["spread"].items():
+        name = key.split(":", 1)[1]
+        shown = (
+            (name.startswith("win_rate.gold.") and name.endswith("_vs_sft"))
+            or name.startswith("gold_sampled.")
+            or (name.startswith("kl_to_sft.") and not name.endswith(".sft"))
+            or name == "acc_gold"
+        )
+        if shown:
+            rows.append(
+                f"| `{key}` | {spread['mean']:.3f} ± {spread['std']:.3f} | "
+                f"{spread['low']:.3f} – {spread['high']:.3f} |"
+            )
+    return [
+        f"Over {len(compared['seeds'])} seeds of the default ({seeds}; `rlhf seeds`, then "
+        "`rlhf compare --json > docs/seeds.json`): mean ± standard deviation, and the range. A "
+        "difference smaller than about two standard deviations is seed noise.",
+        "",
+        "| number | mean ± std | min – max |",
+        "| --- | --- | --- |",
+        *rows,
+        "",
+    ]
+
+
 def with_results(text: str, block: str, name: str) -> str:
     """`text` with the block between the markers replaced by `block`."""
     if text.count(BEGIN) != 1 or text.count(END) != 1:
@@ -64,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                for name in ("eval", "rm")}  # fmt: skip
     seed = yaml.safe_load((ROOT / "params.yaml").read_text())["seed"]
     block = results_markdown(metrics["eval"], metrics["rm"], seed)
+    if SEEDS.exists():
+        block = "\n".join([*seeds_markdown(json.loads(SEEDS.read_text())), block])
     stale = []
     for target in TARGETS:
         text = target.read_text()
