@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from rlhf.eval.report import policies_table, win_rates_table  # noqa: E402
+from rlhf.eval.seeds import compared_numbers  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TARGETS = (ROOT / "README.md", ROOT / "docs" / "results.md")
@@ -97,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     seed = yaml.safe_load((ROOT / "params.yaml").read_text())["seed"]
     block = results_markdown(metrics["eval"], metrics["rm"], seed)
     if SEEDS.exists():
-        block = "\n".join([*seeds_markdown(json.loads(SEEDS.read_text())), block])
+        compared = json.loads(SEEDS.read_text())
+        if compared["seeds"].get(str(seed)) != compared_numbers(metrics):
+            print(f"{SEEDS.name}: its run at seed {seed} is not the one in metrics/: rerun "
+                  "`rlhf seeds` and `rlhf compare --json > docs/seeds.json`")  # fmt: skip
+            return 1
+        block = "\n".join([*seeds_markdown(compared), block])
     stale = []
     for target in TARGETS:
         text = target.read_text()

@@ -632,14 +632,16 @@ def seeds(
     from rlhf.stages.overrides import with_overrides
 
     overrides = set_params or []
+    # ++: set where params.yaml leaves the seed at its default too
     for value in seed:  # refused before the first run: a typo in -S, a seed out of range
-        with_overrides(paths.PARAMS, [*overrides, f"seed={value}"])
+        with_overrides(paths.PARAMS, [*overrides, f"++seed={value}"])
     for value in seed:
-        settings = [arg for o in [*overrides, f"seed={value}"] for arg in ("-S", o)]
-        console.print(f"seeds: dvc exp run --temp {' '.join(settings)}")
+        settings = [arg for o in [*overrides, f"++seed={value}"] for arg in ("-S", o)]
+        console.print(f"seeds: dvc exp run --temp {' '.join(settings)}", markup=False)
         done = subprocess.run(["dvc", "exp", "run", "--temp", *settings])
-        if done.returncode:
-            raise PipelineError(f"dvc exp run at seed {value} exited {done.returncode}")
+        if done.returncode:  # DVC said why above
+            print_error(f"dvc exp run at seed {value} exited {done.returncode}")
+            raise typer.Exit(1)
     compare(as_json=False)
 
 
@@ -655,11 +657,14 @@ def compare(
     from rlhf.stages.experiments import recorded_runs
 
     runs = recorded_runs(Path.cwd())
-    baseline = {k: v for k, v in runs[0].params.items() if k != "seed"}
-    by_seed: dict[object, dict[str, float]] = {}
+    workspace = runs[0]
+    baseline = {k: v for k, v in workspace.params.items() if k != "seed"}
+    by_seed: dict[object, dict[str, float]] = {}  # the first run at each seed (the workspace's)
     others: dict[str, tuple[list[str], dict[str, float]]] = {}
     for run in runs:
         changes = params_changed({k: v for k, v in run.params.items() if k != "seed"}, baseline)
+        if run.baseline != workspace.baseline:  # other code: not the same run at another seed
+            changes.append(f"from commit {run.baseline[:7]}")
         if not changes:
             by_seed.setdefault(run.params.get("seed"), compared_numbers(run.metrics))
         else:
@@ -737,7 +742,8 @@ def show_params(
         values = parse_params({})
     if check:
         with_what = f" with -S {' '.join(overrides)}" if overrides else ""
-        results.print(f"{paths.PARAMS}{with_what}: valid")
+        said = "valid" if paths.PARAMS.exists() else "not here: every key at its default"
+        results.print(f"{paths.PARAMS}{with_what}: {said}", markup=False)
         return
     rows = [(key, json.dumps(lookup(values, key)), json.dumps(default), doc)
             for key, doc, default in describe()]  # fmt: skip

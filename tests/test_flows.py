@@ -255,6 +255,7 @@ def test_containerized_pipeline_dispatches_each_stage_and_fails_with_the_stages_
         overrides=OWN_DATA, return_state=True,
     )  # fmt: skip
     assert failed.is_failed()
+    assert failed.name == REFUSED  # the user's to fix: `rlhf run` exits 2, no retry
     assert failed.message.startswith("stage prepare (flow run ")  # the stage named once
     assert "): data.source is 'files' but" in failed.message
     assert (worker / "params.yaml").read_text() == before

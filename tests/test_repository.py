@@ -24,11 +24,13 @@ def test_an_experiment_keeps_what_git_needs_to_ignore_the_outputs_it_checks_out(
     sh(["git", "commit", "-qm", "one stage"], root)
     checkout = checkout_for_run(root, "first", head_commit(root))
     sh(["dvc", "repro"], checkout)
+    (checkout / "core").write_text("a stray file")
 
     commit = record_experiment(checkout, "first", root)
 
     kept = sh(["git", "ls-tree", "-r", "--name-only", commit], root).split()
     assert {"out/.gitignore", "metrics.json", "dvc.lock"} <= set(kept)
+    assert "core" not in kept  # what no stage declared stays out
     sh(["dvc", "exp", "apply", "first"], root)
     assert (root / "out" / "model.txt").read_text() == "1\n"
     status = sh(["git", "status", "--porcelain", "--untracked-files=all"], root).splitlines()

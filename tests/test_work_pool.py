@@ -102,8 +102,9 @@ def test_deploy_gives_the_stage_containers_the_gpus_the_host_has(prefect_server,
             for name in ("rlhf-stage/rlhf-stage", "rlhf-pipeline/rlhf-pipeline")
         ]
     for run in runs:
-        requests = asyncio.run(rendered_container(run.id))["host_config"]["DeviceRequests"]
-        assert [r["Count"] for r in requests] == [0]
+        container = asyncio.run(rendered_container(run.id))
+        assert [r["Count"] for r in container["host_config"]["DeviceRequests"]] == [0]
+        assert container["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"  # Docker < 27
 
 
 def test_deployments_name_the_image_of_the_commit_they_deploy(tmp_path):

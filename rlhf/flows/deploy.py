@@ -4,9 +4,9 @@ A Docker pool created with `prefect work-pool create --type docker` gets whateve
 the installed prefect-docker ships, without the GPU request or the entrypoint this image
 needs; so the pool is created (or brought up to date) from `docker-work-pool.json` first.
 `prefect deploy` runs every build and push step in prefect.yaml; where the image is built by
-hand (`docker build`) they are dropped from the copy of prefect.yaml handed to it, and so is
-the GPU count of the deployments that ask for GPUs where the host has another (`--gpus 0` on
-a host without any).
+hand (`docker build`) they are dropped from the copy of prefect.yaml handed to it; and where
+the host has another GPU count (`--gpus 0` on a host without any), that copy gives it to the
+deployments that ask for GPUs.
 """
 
 from __future__ import annotations
@@ -67,12 +67,17 @@ def staged_prefect_file(
 
 
 def with_gpus(deployment: dict, gpus: int | None) -> dict:
-    """The deployment with `gpus` GPUs if it asks for any; one that asks for none (the
-    pipeline's orchestration) keeps asking for none."""
+    """The deployment with `gpus` GPUs if it asks for any (no `gpus` job variable: the pool's
+    default, 1); one that asks for none (the pipeline's orchestration) keeps asking for none.
+    None asked for also sets NVIDIA_VISIBLE_DEVICES=void: Docker before 27 reads `--gpus 0`
+    as unset."""
     variables = deployment["work_pool"].get("job_variables", {})
-    if gpus is None or not variables.get("gpus", 0):
+    if gpus is None or variables.get("gpus", 1) == 0:
         return deployment
-    pool = deployment["work_pool"] | {"job_variables": variables | {"gpus": gpus}}
+    changed = variables | {"gpus": gpus}
+    if gpus == 0:
+        changed["env"] = variables.get("env", {}) | {"NVIDIA_VISIBLE_DEVICES": "void"}
+    pool = deployment["work_pool"] | {"job_variables": changed}
     return deployment | {"work_pool": pool}
 
 

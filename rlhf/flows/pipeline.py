@@ -194,7 +194,8 @@ def run_stages(stages: list[str], workdir: Path, run: PipelineRun) -> State | No
         child, state = run_stage_deployment(parameters, run.start_timeout_s, run.stage_timeout_s)
         if not state.is_completed():
             said = (state.message or "").removeprefix(f"stage {stage}: ")  # named once
-            return Failed(message=f"stage {stage} (flow run {child.name}): {said}")
+            refused = {"name": REFUSED} if state.name == REFUSED else {}  # the user's to fix
+            return Failed(message=f"stage {stage} (flow run {child.name}): {said}", **refused)
         logger.info("stage %s: flow run %s completed", stage, child.name)
     return None
 

@@ -141,19 +141,26 @@ def push_outputs(checkout: Path) -> None:
 
 
 def untracked_files(checkout: Path) -> list[str]:
-    """What the run wrote that git would keep but does not track yet: the outputs DVC leaves
-    to git (`cache: false`: metrics, plots) and the `.gitignore` files DVC wrote beside new
-    outputs. `dvc exp save` keeps untracked files only when named; without those
-    `.gitignore`s, `dvc exp apply` would leave the models it checks out for `git add` to
-    pick up."""
+    """What the run wrote that the experiment must keep but git does not track yet: the
+    outputs DVC leaves to git (`cache: false`: metrics, plots) and the `.gitignore` files DVC
+    wrote beside new outputs. `dvc exp save` keeps untracked files only when named; without
+    those `.gitignore`s, `dvc exp apply` would leave the models it checks out for `git add` to
+    pick up. Anything else untracked (a stray file) stays out."""
+    with Repo(str(checkout)) as repo:
+        kept_by_git = [os.path.relpath(out.fs_path, checkout) for out in repo.index.outs
+                       if not out.use_cache]  # fmt: skip
     listed = run_command(["git", "ls-files", "--others", "--exclude-standard", "-z"], checkout)
-    return [path for path in listed.split("\0") if path]
+    return [
+        path for path in listed.split("\0") if path
+        and (Path(path).name == ".gitignore"
+             or any(path == out or path.startswith(f"{out}/") for out in kept_by_git))
+    ]  # fmt: skip
 
 
 def record_experiment(checkout: Path, name: str, root: Path) -> str:
     """Save the checkout's state as DVC experiment `name` and push the experiment's git ref
     to the repository; returns the experiment's commit."""
-    named = [arg for path in untracked_files(checkout) for arg in ("--include-untracked", path)]
+    named = [f"--include-untracked={path}" for path in untracked_files(checkout)]
     run_command(["dvc", "exp", "save", "--quiet", "--force", "--name", name, *named], checkout)
     run_command(["dvc", "exp", "push", "--no-cache", "--force", "origin", name], checkout)
     refs = run_command(["git", "for-each-ref", "--format=%(objectname) %(refname)"], root)

@@ -5,6 +5,7 @@ anything out, so that `rlhf compare` leaves the workspace as it is.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -19,24 +20,27 @@ import yaml
 from rlhf.errors import PipelineError
 from rlhf.eval.seeds import COMPARED
 from rlhf.eval.summary import flattened
+from rlhf.params import ParamsError, parse_params
 from rlhf.stages import paths
 
 # refs/exps/<first 2 hex digits of the baseline>/<the other 38>/<name>: DVC's experiment refs
 # (refs/exps/apply/..., refs/exps/exec/..., refs/exps/celery/... are its bookkeeping)
-EXPERIMENT_REF = re.compile(r"refs/exps/[0-9a-f]{2}/[0-9a-f]{38}/(?P<name>[^/]+)")
+EXPERIMENT_REF = re.compile(r"refs/exps/(?P<baseline>[0-9a-f]{2}/[0-9a-f]{38})/(?P<name>[^/]+)")
 WORKSPACE = "workspace"
 
 
 @dataclass(frozen=True)
 class RecordedRun:
     name: str  # the experiment's name, or "workspace"
-    params: dict[str, Any]  # params.yaml, flattened to dotted keys
+    baseline: str  # the commit it ran from (the workspace: HEAD)
+    params: dict[str, Any]  # every param in effect (defaults filled in), dotted keys
     metrics: dict[str, Any]  # metrics file stem (`eval`) -> its contents
 
 
 def recorded_runs(root: Path) -> list[RecordedRun]:
     """The workspace's run, then every experiment's that has the compared metrics files."""
-    runs = [RecordedRun(WORKSPACE, *read_run(lambda path: (root / path).read_text()))]
+    head = git(["rev-parse", "HEAD"], root).strip()
+    runs = [RecordedRun(WORKSPACE, head, *read_run(lambda path: (root / path).read_text()))]
     listed = git(["for-each-ref", "--format=%(refname)", "refs/exps"], root).split()
     for ref in listed:
         if match := EXPERIMENT_REF.fullmatch(ref):
@@ -44,13 +48,18 @@ def recorded_runs(root: Path) -> list[RecordedRun]:
                 params, metrics = read_run(partial(committed_text, root, ref))
             except FileNotFoundError:  # an experiment that failed before its metrics
                 continue
-            runs.append(RecordedRun(match["name"], params, metrics))
+            baseline = match["baseline"].replace("/", "")
+            runs.append(RecordedRun(match["name"], baseline, params, metrics))
     return runs
 
 
 def read_run(read: Callable[[Path], str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """params.yaml (flattened) and the compared metrics files, through `read(path) -> text`."""
-    params = yaml.safe_load(read(paths.PARAMS)) or {}
+    """The params in effect and the compared metrics files, through `read(path) -> text`."""
+    raw = yaml.safe_load(read(paths.PARAMS)) or {}
+    try:  # a key a params.yaml leaves out is at its default: the same run as one that says so
+        params: Any = dataclasses.asdict(parse_params(raw))
+    except ParamsError:  # written for an older schema: compared as it is
+        params = raw
     metrics = {name: json.loads(read(paths.metrics_file(name))) for name in COMPARED}
     return flattened("", params), metrics
 

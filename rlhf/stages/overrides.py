@@ -25,6 +25,7 @@ from rlhf.params import ParamsError, describe, parse_params
 def with_overrides(params_file: Path, overrides: Sequence[str]) -> str:
     """`params_file`'s text with `overrides` applied (Hydra syntax, comments kept), once the
     result passes the params schema; the file itself is left as it is."""
+    parsed(params_file.read_text(), str(params_file))  # its own YAML first, named as itself
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / params_file.name
         shutil.copy(params_file, staged)
@@ -35,8 +36,15 @@ def with_overrides(params_file: Path, overrides: Sequence[str]) -> str:
                 raise ParamsError(refusal(override, exc.__cause__ or exc)) from None
         text = staged.read_text()
     source = f"{params_file} with -S {' '.join(overrides)}" if overrides else str(params_file)
-    parse_params(yaml.safe_load(text), source)  # names the key and the value
+    parse_params(parsed(text, source), source)  # names the key and the value
     return text
+
+
+def parsed(text: str, source: str) -> object:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
 
 
 def refusal(override: str, reason: BaseException) -> str:
