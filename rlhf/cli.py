@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -653,22 +652,10 @@ def compare(
     experiment) against their spread over the runs that differ from the workspace only in
     seed: mean ± standard deviation, and each experiment's value marked `~` when it lies within
     two standard deviations of that mean (noise), `!` when outside."""
-    from rlhf.eval.seeds import compared_numbers, params_changed, spreads
-    from rlhf.stages.experiments import recorded_runs
+    from rlhf.eval.seeds import spreads
+    from rlhf.stages.experiments import recorded_runs, split_by_seed
 
-    runs = recorded_runs(Path.cwd())
-    workspace = runs[0]
-    baseline = {k: v for k, v in workspace.params.items() if k != "seed"}
-    by_seed: dict[object, dict[str, float]] = {}  # the first run at each seed (the workspace's)
-    others: dict[str, tuple[list[str], dict[str, float]]] = {}
-    for run in runs:
-        changes = params_changed({k: v for k, v in run.params.items() if k != "seed"}, baseline)
-        if run.baseline != workspace.baseline:  # other code: not the same run at another seed
-            changes.append(f"from commit {run.baseline[:7]}")
-        if not changes:
-            by_seed.setdefault(run.params.get("seed"), compared_numbers(run.metrics))
-        else:
-            others[run.name] = (changes, compared_numbers(run.metrics))
+    by_seed, others = split_by_seed(recorded_runs(Path.cwd()))
     spread = spreads(list(by_seed.values()))
     if as_json:
         payload = {
@@ -735,7 +722,7 @@ def show_params(
 
     overrides = set_params or []
     if paths.PARAMS.exists():
-        values = parse_params(yaml.safe_load(with_overrides(paths.PARAMS, overrides)))
+        values = with_overrides(paths.PARAMS, overrides)[1]
     elif overrides:
         raise OptionError(f"-S needs a {paths.PARAMS} to apply to; none is here")
     else:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from rlhf.errors import PipelineError
-from rlhf.eval.seeds import COMPARED
+from rlhf.eval.seeds import COMPARED, compared_numbers, params_changed
 from rlhf.eval.summary import flattened
 from rlhf.params import ParamsError, parse_params
 from rlhf.stages import paths
@@ -76,3 +76,24 @@ def git(args: list[str], root: Path) -> str:
             raise FileNotFoundError(args[-1])
         raise PipelineError(f"git {args[0]} in {root}: {said[-1] if said else 'failed'}")
     return done.stdout
+
+
+def split_by_seed(
+    runs: list[RecordedRun],
+) -> tuple[dict[object, dict[str, float]], dict[str, tuple[list[str], dict[str, float]]]]:
+    """The compared numbers of the runs that are the workspace's (`runs[0]`) at another seed,
+    by seed (the first run at each: the workspace's own), and of every other run, by name,
+    with the params it changed (or the other commit it ran from)."""
+    workspace = runs[0]
+    baseline = {k: v for k, v in workspace.params.items() if k != "seed"}
+    by_seed: dict[object, dict[str, float]] = {}
+    others: dict[str, tuple[list[str], dict[str, float]]] = {}
+    for run in runs:
+        changes = params_changed({k: v for k, v in run.params.items() if k != "seed"}, baseline)
+        if run.baseline != workspace.baseline:  # other code: not the same run at another seed
+            changes.append(f"from commit {run.baseline[:7]}")
+        if not changes:
+            by_seed.setdefault(run.params.get("seed"), compared_numbers(run.metrics))
+        else:
+            others[run.name] = (changes, compared_numbers(run.metrics))
+    return by_seed, others

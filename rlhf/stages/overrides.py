@@ -19,12 +19,12 @@ from dvc.exceptions import InvalidArgumentError
 from dvc.utils.hydra import apply_overrides
 
 from rlhf.atomic import write_text
-from rlhf.params import ParamsError, describe, parse_params
+from rlhf.params import Params, ParamsError, describe, parse_params
 
 
-def with_overrides(params_file: Path, overrides: Sequence[str]) -> str:
-    """`params_file`'s text with `overrides` applied (Hydra syntax, comments kept), once the
-    result passes the params schema; the file itself is left as it is."""
+def with_overrides(params_file: Path, overrides: Sequence[str]) -> tuple[str, Params]:
+    """`params_file`'s text with `overrides` applied (Hydra syntax, comments kept), and the
+    params it holds, once they pass the schema; the file itself is left as it is."""
     parsed(params_file.read_text(), str(params_file))  # its own YAML first, named as itself
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / params_file.name
@@ -36,8 +36,7 @@ def with_overrides(params_file: Path, overrides: Sequence[str]) -> str:
                 raise ParamsError(refusal(override, exc.__cause__ or exc)) from None
         text = staged.read_text()
     source = f"{params_file} with -S {' '.join(overrides)}" if overrides else str(params_file)
-    parse_params(parsed(text, source), source)  # names the key and the value
-    return text
+    return text, parse_params(parsed(text, source), source)  # names a bad key and value
 
 
 def parsed(text: str, source: str) -> object:
@@ -66,4 +65,4 @@ def set_params(params_file: Path, overrides: Sequence[str]) -> None:
     """Write `overrides` into params_file (as `dvc exp run -S` does), only if the result is
     valid; a crash leaves the old file whole."""
     if overrides:
-        write_text(params_file, with_overrides(params_file, overrides))
+        write_text(params_file, with_overrides(params_file, overrides)[0])
