@@ -142,6 +142,24 @@ def test_graph_decoding_samples_what_eager_decoding_samples(name, monkeypatch):
         torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=0)
 
 
+def test_graph_decoding_at_gpt2s_vocabulary_and_context(monkeypatch):
+    """At GPT-2's 50257 tokens, with a prompt filling most of a 1024-token context (long
+    running sums, which CUDA's inductor would split into kernels torch 2.11 fails to
+    generate): every sampling rule decodes as graphs exactly what the compiled steps decode
+    launched one by one. (Against the eager steps near-uniform logits over 50k tokens flip a
+    draw at a float boundary; test_decoding compares the choice itself.)"""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=1, n_head=2, n_embd=32)
+    model = GPT(config).to(CUDA).eval()
+    ids = torch.randint(3, 50257, (16, 900), generator=torch.Generator().manual_seed(1))
+    prompts = [row[: 900 if i == 0 else 5 + i].tolist() for i, row in enumerate(ids)]
+    for sampling in SAMPLINGS.values():
+        compiled = decode(model, "compiled", sampling, monkeypatch, prompts=prompts)
+        graphed = decode(model, "graph", sampling, monkeypatch, prompts=prompts)
+        assert torch.equal(graphed.tokens, compiled.tokens)
+        assert torch.equal(graphed.logprobs, compiled.logprobs)
+
+
 def test_a_compiled_training_step_on_cuda_is_the_eager_step():
     """`train.compile` on CUDA (blocks and the LM loss's chunks compiled) under bf16 autocast:
     three AdamW steps give the eager steps' losses to bf16 precision."""

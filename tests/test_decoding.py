@@ -10,7 +10,7 @@ from rlhf.models.llama import Llama, LlamaConfig
 from rlhf.models.lora import LoRALinear, add_adapters
 from rlhf.sampling import generate as decoding
 from rlhf.sampling.generate import generate
-from rlhf.sampling.sampler import SamplingConfig
+from rlhf.sampling.sampler import SamplingConfig, choose_from_probs, draws_per_step
 from rlhf.sampling.streams import RowStreams
 
 EOS, PAD = 1, 2
@@ -110,3 +110,23 @@ def test_the_inductor_compiled_step_samples_what_eager_steps_sample(monkeypatch)
     compiled = decode(model, "compiled", config, monkeypatch)
     assert torch.equal(compiled.tokens, eager.tokens)
     torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-6, rtol=0)
+
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
+def test_the_compiled_choice_at_gpt2s_vocabulary_is_the_eager_choice(device):
+    """Inductor kernels for the choice of a token, at GPT-2's 50257 tokens (where CUDA's
+    inductor would split the running sums into a kernel torch 2.11 fails to generate), from
+    the same probabilities and uniforms: exactly the eager tokens, for every sampling rule."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 50257, generator=generator) * 3  # [B, V]
+    probs = logits.softmax(-1).to(device)
+    uniforms = torch.rand(16, 9, generator=generator).to(device)  # the most a step draws
+    for config in SAMPLINGS.values():
+        u = uniforms[:, : draws_per_step(config, 50257)]  # [B, R]
+        choose = torch.compile(choose_from_probs, fullgraph=True, dynamic=False)
+        compiled = choose(probs, config, u, static=True)
+        assert torch.equal(compiled, choose_from_probs(probs, config, u, static=True))
+        assert torch.equal(compiled, choose_from_probs(probs, config, u))

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlhf.models.scan import running_sum
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -57,7 +59,7 @@ def nucleus(sorted_probs: Tensor, top_p: float) -> Tensor:
     the first always stays and ties share one fate."""
     if top_p >= 1.0:
         return sorted_probs
-    before = sorted_probs.cumsum(-1) - sorted_probs  # [B, C] mass sorted ahead of each token
+    before = running_sum(sorted_probs) - sorted_probs  # [B, C] mass sorted ahead of each token
     # a tie run starts where the strictly larger values end; -sorted_probs is ascending
     run_start = torch.searchsorted(-sorted_probs, -sorted_probs, side="left")
     return sorted_probs.masked_fill(before.gather(-1, run_start) >= top_p, 0.0)
@@ -76,7 +78,7 @@ def invert(cdf: Tensor, u: Tensor) -> Tensor:
 
 def sample_from(probs: Tensor, u: Tensor) -> Tensor:
     """One index per row [B] from unnormalized probs [B, V] and one uniform per row u [B, 1]."""
-    return invert(probs.cumsum(dim=-1), u).squeeze(-1)
+    return invert(running_sum(probs), u).squeeze(-1)
 
 
 def mass_ahead(probs: Tensor, tokens: Tensor) -> Tensor:
@@ -114,7 +116,7 @@ def sample_nucleus(probs: Tensor, top_p: float, u: Tensor) -> Tensor:
     sort took most of each decoding step at vocabularies in the thousands. Draw d uses
     u[:, d]; a row none of whose draws lands in the nucleus is drawn by a sort with the last.
     """
-    cdf = probs.cumsum(dim=-1)  # [B, V]
+    cdf = running_sum(probs)  # [B, V]
     limit = top_p * cdf[:, -1:]  # [B, 1]
     tokens = invert(cdf, u[:, :1])  # [B, 1]
     pending = torch.nonzero(mass_ahead(probs, tokens)[:, 0] >= limit[:, 0]).squeeze(-1)
@@ -133,7 +135,7 @@ def sample_nucleus_static(probs: Tensor, top_p: float, u: Tensor) -> Tensor:
     """What `sample_nucleus` draws, with fixed shapes and no host synchronisation, for a
     compiled or graph-captured step: every draw is made and checked at once and the sort
     always taken, the first draw that lands in the nucleus kept."""
-    cdf = probs.cumsum(dim=-1)  # [B, V]
+    cdf = running_sum(probs)  # [B, V]
     candidates = invert(cdf, u[:, :NUCLEUS_DRAWS])  # [B, D]
     landed = mass_ahead(probs, candidates) < top_p * cdf[:, -1:]  # [B, D]
     first = landed.long().argmax(dim=-1, keepdim=True)  # the first True (or 0 where none)
