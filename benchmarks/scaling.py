@@ -27,6 +27,8 @@ from pathlib import Path
 import yaml
 from common import setup, write_result
 
+from rlhf.stages.metric_files import read_metrics
+
 REPOSITORY = Path(__file__).resolve().parent.parent
 INPUTS = ("data/prepared", "data/collected", "artifacts/tokenizer", "artifacts/sft", "artifacts/rm")
 RL_STAGES = ("ppo",)  # run as `python -m rlhf.stages.rl ppo`
@@ -60,7 +62,7 @@ def timed_run(project: Path, stage: str, nproc: int, threads: int) -> dict:
     if done.returncode:
         raise SystemExit(f"{stage} at {nproc} processes failed:\n{done.stderr[-2000:]}")
     timings = json.loads((project / "timings" / f"{stage}.json").read_text())
-    steps = json.loads((project / "metrics" / f"{stage}.json").read_text())["steps"]
+    steps = read_metrics(stage, project)["steps"]
     throughput = (
         {"tokens_per_s": timings["update_tokens_per_s"],
          "rollout_tokens_per_s": timings["rollout_tokens_per_s"]}

@@ -6,9 +6,9 @@ they cannot go stale.
 
 The block between `<!-- results:begin -->` and `<!-- results:end -->` is generated from
 docs/seeds.json (the spread of the headline numbers over seeds, `rlhf compare --json`) and
-metrics/eval.json and metrics/rm.json (what `dvc repro` committed): every policy's gold score,
-reward and KL to the SFT policy, and each pair's gold win rate with its interval, through the
-same tables reports/eval.md shows.
+metrics/eval.json and metrics/rm.json with their details in metrics/details/ (what
+`dvc repro` committed): every policy's gold score, reward and KL to the SFT policy, and each
+pair's gold win rate with its interval, through the same tables reports/eval.md shows.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from rlhf.eval.report import policies_table, win_rates_table  # noqa: E402
 from rlhf.eval.seeds import compared_numbers  # noqa: E402
+from rlhf.stages.metric_files import read_metrics  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TARGETS = (ROOT / "README.md", ROOT / "docs" / "results.md")
@@ -93,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report a stale block")
     check = parser.parse_args(argv).check
-    metrics = {name: json.loads((ROOT / "metrics" / f"{name}.json").read_text())
-               for name in ("eval", "rm")}  # fmt: skip
+    metrics = {name: read_metrics(name, ROOT) for name in ("eval", "rm")}
     seed = yaml.safe_load((ROOT / "params.yaml").read_text())["seed"]
     block = results_markdown(metrics["eval"], metrics["rm"], seed)
     if SEEDS.exists():

@@ -203,6 +203,21 @@ TEMPORARY_SERVER = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
 }
+PREFECT_HOME = Path(".rlhf") / "prefect"  # the repository's own Prefect home, git-ignored
+
+
+def prefect_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What `rlhf run` sets for Prefect where `environ` does not set it: the temporary
+    server's settings, and a Prefect home of the repository's own, so its temporary server's
+    database (flow-run history) and result storage are not the one SQLite file every Prefect
+    user of this $HOME shares ("database is locked" under concurrent runs). The user's Prefect
+    profiles stay in effect (a profile's PREFECT_API_URL still picks their server)."""
+    settings = dict(TEMPORARY_SERVER)
+    if "PREFECT_HOME" not in environ:
+        profiles = Path("~/.prefect/profiles.toml").expanduser()  # Prefect's default
+        settings["PREFECT_PROFILES_PATH"] = str(profiles)
+        settings["PREFECT_HOME"] = str(PREFECT_HOME.resolve())
+    return {key: value for key, value in settings.items() if key not in environ}
 
 
 @command("run")
@@ -233,10 +248,10 @@ def run_pipeline(
     retries: Annotated[int, typer.Option(min=0, help="Retries per stage; training resumes.")] = 1,
 ) -> None:
     """The whole pipeline through the Prefect flow `rlhf-pipeline`; up-to-date stages are
-    skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL, else a temporary
-    local one. A run started while another holds this repository waits for it."""
-    for setting, value in TEMPORARY_SERVER.items():  # read when Prefect is imported, below
-        os.environ.setdefault(setting, value)
+    skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL (or the active
+    Prefect profile), else a temporary local one whose history is kept in .rlhf/prefect/. A
+    run started while another holds this repository waits for it."""
+    os.environ.update(prefect_environment(dict(os.environ)))  # read when Prefect is imported
     from rlhf.flows.pipeline import REFUSED, pipeline
 
     state = pipeline(

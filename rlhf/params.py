@@ -552,8 +552,8 @@ class Params:
         "torch's CPU threads in each model stage's process. The order floats are summed in "
         "depends on it: the committed results are what any machine of the same CPU family "
         "reproduces at this count, with at least this many cores for full speed. 0: torch's "
-        "default, every core (fastest; reproducible only at the same core count). CUDA "
-        "kernels are unaffected.",
+        "default, the cores (shared out among the processes of an RLHF_NPROC run; fastest, "
+        "reproducible only at the same core count). CUDA kernels are unaffected.",
         ge=0,
         le=1024,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from rlhf.models import checkpoint
+from rlhf.stages.metric_files import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,9 +151,7 @@ def assert_resume_matches(project: Path, trained: Path, stage: str, resume: Path
     assert killed_at > 0
     rerun = run_module(f"rlhf.stages.{stage}", project)
     assert f"resuming from step {killed_at}" in rerun.stderr
-    resumed, uninterrupted = (
-        json.loads((p / "metrics" / f"{stage}.json").read_text()) for p in (project, trained)
-    )
+    resumed, uninterrupted = (read_metrics(stage, p) for p in (project, trained))
     assert resumed == uninterrupted
     assert curves(project, stage) == curves(trained, stage)
     assert not resume.exists() and not (project / ".rlhf" / "live" / stage).exists()
@@ -189,9 +187,10 @@ def prefect_env(server: str) -> dict[str, str]:
     }
 
 
-def sh(args: list[str], cwd: Path) -> str:
-    """Run a command in `cwd`; its stdout, or a failure with everything it said."""
-    done = subprocess.run(args, cwd=cwd, env=clean_env(), capture_output=True, text=True)
+def sh(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run a command in `cwd` (in `env`, else the tests' clean one); its stdout, or a
+    failure with everything it said."""
+    done = subprocess.run(args, cwd=cwd, env=env or clean_env(), capture_output=True, text=True)
     assert done.returncode == 0, f"{args}: {done.stdout}{done.stderr}"
     return done.stdout
 

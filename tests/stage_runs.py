@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from rlhf.stages.metric_files import read_metrics
 from rlhf.train.curves import read_curve
 
 from conftest import clean_env, make_project
@@ -65,7 +66,7 @@ def run_stage(project, stage, nproc, *args):
 def metrics(project, stage):
     """The stage's metrics, with the loss of its training steps from its curves."""
     steps = read_curve(project / "dvclive" / stage / "plots" / "metrics", "train_loss")
-    loaded = json.loads((project / "metrics" / f"{stage}.json").read_text())
+    loaded = read_metrics(stage, project)
     return loaded | {"step_losses": [loss for _, loss in steps]}
 
 
@@ -81,7 +82,7 @@ def rl_results(project, algorithm):
     curves = {f.stem: [v for _, v in read_curve(folder, f.stem)] for f in folder.glob("*.tsv")}
     logged = (project / "artifacts" / algorithm / "samples.jsonl").read_text().splitlines()
     answers = [json.loads(line)["response"] for line in logged]
-    metrics = json.loads((project / "metrics" / f"{algorithm}.json").read_text())
+    metrics = read_metrics(algorithm, project)
     # but the sampler/scorer log-prob mismatch: float rounding itself, which another packing
     # of the scored rows moves (held to its bound in tests/test_rl_stage.py)
     metrics = {k: v for k, v in metrics.items() if not k.startswith("logprob_mismatch")}

@@ -9,6 +9,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rlhf.cli import app
+from rlhf.params import describe
 from rlhf.stages.common import ProgressLines
 
 from conftest import REPO
@@ -30,14 +31,31 @@ def test_generate_answers_prompts_from_args_and_file(trained_project, monkeypatc
     assert [r["prompt"] for r in lines] == [
         "Shout the word river.", "Greet Alice.", "What is 2 plus 3?"
     ]  # fmt: skip
-    assert all(isinstance(r["response"], str) for r in lines)
+    # greedy answers in one left-padded batch are each prompt's answer alone
+    for row in lines:
+        alone = runner.invoke(
+            app, ["generate", "-p", row["prompt"], "--json", "--greedy", "--max-new-tokens", "12"]
+        )
+        assert alone.exit_code == 0, alone.output
+        (answer,) = [json.loads(line) for line in alone.stdout.splitlines() if line[:1] == "{"]
+        assert answer["response"] == row["response"] and row["response"].strip()
 
 
 def test_generate_sampling_is_seeded(trained_project, monkeypatch):
+    """The same seed gives the same sampled answers, other seeds other answers."""
     monkeypatch.chdir(trained_project)
     args = ["generate", "-p", "Greet Bob.", "-p", "Say cloud 3 times.", "--json", "--top-p", "0.9"]
-    first = runner.invoke(app, [*args, "--seed", "3"]).stdout
-    assert first == runner.invoke(app, [*args, "--seed", "3"]).stdout
+
+    def answers(seed: int) -> list[str]:
+        done = runner.invoke(app, [*args, "--temperature", "1.5", "--seed", str(seed)])
+        assert done.exit_code == 0, done.output
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line[:1] == "{"]
+        assert len(lines) == 2
+        return [line["response"] for line in lines]
+
+    first = answers(3)
+    assert first == answers(3)
+    assert any(answers(seed) != first for seed in (4, 5, 6))
 
 
 def test_generate_refuses_a_mismatched_tokenizer(trained_project, tmp_path, monkeypatch):
@@ -54,8 +72,8 @@ def test_generate_refuses_a_mismatched_tokenizer(trained_project, tmp_path, monk
 def test_params_lists_every_documented_key():
     result = runner.invoke(app, ["params"])
     assert result.exit_code == 0
-    for key in ("sft.lr", "tokenizer.kind", "data.demo_noise", "model.block_size"):
-        assert key in result.output
+    listed = {line.split("\t")[0] for line in result.output.splitlines()}
+    assert {key for key, _, _ in describe()} <= listed
 
 
 def test_generate_refuses_a_reward_model(trained_project, monkeypatch):

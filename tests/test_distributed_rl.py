@@ -102,7 +102,7 @@ def test_a_killed_rank_stops_ppo_and_the_rerun_resumes_to_the_same_numbers(
         "the stage again (dvc repro) to resume from its last save (RLHF_DEBUG=1 shows "
         "each rank's traceback)"
     ]
-    assert not (project / "metrics" / "ppo.json").exists()
+    assert not (project / "metrics" / "details" / "ppo.json").exists()
     rerun = run_stage(project, "rl", 2, "ppo")
     assert "rl@ppo: resuming from iteration 2 of 4" in rerun.stderr
     assert rl_results(project, "ppo") == whole

@@ -1,4 +1,3 @@
-import json
 import math
 import shutil
 
@@ -20,6 +19,7 @@ from rlhf.data.tokenizer import load_tokenizer
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.params import DPOParams
+from rlhf.stages.metric_files import read_metrics
 from rlhf.train.device import autocast
 from rlhf.train.loop import fit
 
@@ -118,7 +118,7 @@ def test_dpo_trains_without_dropout_so_log_ratios_start_at_zero(trained_project,
 
 
 def dpo_metrics(project):
-    return json.loads((project / "metrics" / "dpo.json").read_text())
+    return read_metrics("dpo", project)
 
 
 def test_dpo_stage_separates_chosen_from_rejected(trained_project):

@@ -1,5 +1,4 @@
 import csv
-import json
 import re
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 from rlhf.cli import app
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows, write_rows
 from rlhf.eval import plots
+from rlhf.stages.metric_files import read_metrics
 from rlhf.train.curves import read_curve
 
 from conftest import clean_env, make_project, run_module, write_params
@@ -20,7 +20,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def eval_metrics(project):
-    return json.loads((project / "metrics" / "eval.json").read_text())
+    return read_metrics("eval", project)
 
 
 POLICIES = {"sft", "ppo", "grpo", "dpo"}  # the tiny config's rl_algorithms: ppo, grpo
@@ -51,7 +51,7 @@ def test_evaluation_agrees_with_the_ppo_stage_on_the_same_samples(trained_projec
     so their gold scores, win rates by the gold judge and by the reward model PPO optimized, and
     KL must agree."""
     metrics = eval_metrics(trained_project)
-    ppo = json.loads((trained_project / "metrics" / "ppo.json").read_text())
+    ppo = read_metrics("ppo", trained_project)
     assert metrics["gold_sampled"]["sft"] == ppo["gold_sampled_sft"]
     assert metrics["gold_sampled"]["ppo"] == ppo["gold_sampled"]
     assert set(ppo["win_rate_vs_sft"]) == JUDGES  # rl.reward: rm

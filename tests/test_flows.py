@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
+from unittest import mock
 
 import pytest
 import yaml
@@ -57,7 +59,8 @@ def flow_project(trained_project, tmp_path_factory, prefect_server):
 def in_project(flow_project, monkeypatch):
     monkeypatch.chdir(flow_project)
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
-    return flow_project
+    with mock.patch.dict(os.environ):  # what `rlhf run` sets for Prefect ends with the test
+        yield flow_project
 
 
 def this_run(flow_state) -> FlowRunFilter:
@@ -404,3 +407,29 @@ def test_cli_experiment_run_needs_a_commit_to_run(in_project):
     assert failed.exit_code == 2  # refused: the user's to fix
     assert "has no commit yet: commit the project first" in failed.output
     assert "Traceback" not in failed.output
+
+
+def test_cli_run_keeps_its_temporary_servers_history_in_the_repository(in_project, prefect_server):
+    """With no server configured, `rlhf run` starts a temporary one in a Prefect home of the
+    repository's own (.rlhf/prefect/: its database, its results), not the ~/.prefect that every
+    Prefect user of the account shares; a server the user's active profile names is used."""
+    home = in_project.parent / "home"
+    profiles = home / ".prefect" / "profiles.toml"
+    profiles.parent.mkdir(parents=True)
+    env = prefect_env(prefect_server) | {"HOME": str(home)}
+    del env["PREFECT_API_URL"]
+    env.pop("PREFECT_HOME", None)
+    run = ["rlhf", "run", "--target", "prepare"]
+    database = in_project / ".rlhf" / "prefect" / "prefect.db"
+
+    profiles.write_text(f'active = "team"\n[profiles.team]\nPREFECT_API_URL = "{prefect_server}"\n')
+    with get_client(sync_client=True) as client:
+        before = len(client.read_flow_runs())
+    sh(run, in_project, env)
+    with get_client(sync_client=True) as client:
+        assert len(client.read_flow_runs()) == before + 1  # on the profile's server
+    assert not database.exists()
+
+    profiles.unlink()
+    sh(run, in_project, env)
+    assert database.exists() and not (home / ".prefect" / "prefect.db").exists()

@@ -27,6 +27,7 @@ from rlhf.labeling.ranking import format_ranking
 from rlhf.models import checkpoint
 from rlhf.params import DataParams
 from rlhf.stages import paths
+from rlhf.stages.metric_files import read_metrics
 from rlhf.synthetic.datasets import synthetic_sets
 from rlhf.train.curves import read_curve
 
@@ -152,16 +153,16 @@ def test_dvc_repro_runs_every_stage_from_a_pretrained_qwen3_folder(project, fold
     payload = checkpoint.load(project / "artifacts" / "sft" / "model.pt")
     assert payload["backbone"] == "llama" and payload["model_config"]["qk_norm"]
     assert payload["model_config"]["block_size"] == 64  # cut to model.block_size
-    sft = json.loads((project / "metrics" / "sft.json").read_text())
+    sft = read_metrics("sft", project)
     val = read_curve(project / "dvclive" / "sft" / "plots" / "metrics", "epoch/val_loss")
     assert val[-1][1] < val[0][1]  # validation loss falls from the random start
-    ppo = json.loads((project / "metrics" / "ppo.json").read_text())
+    ppo = read_metrics("ppo", project)
     assert ppo["steps"] == 2  # two PPO iterations scored by the external reward model
     assert ppo["gold_sampled"] is None and ppo["kl_to_sft"] > 0  # no gold judge
     assert set(ppo["win_rate_vs_sft"]) == {f"hf:{folders['reward']}"}  # judged by its reward
     heldout = read_rows(project / "data" / "prepared" / "prompts_heldout.parquet", PROMPT_SCHEMA)
     assert heldout[0]["prompt"].startswith("Human: ") and heldout[0]["source"] == "files"
-    evaluation = json.loads((project / "metrics" / "eval.json").read_text())
+    evaluation = read_metrics("eval", project)
     assert evaluation["prompts"] == len(heldout) >= 8 and evaluation["kl_to_sft"]["sft"] == 0.0
     assert set(evaluation["rm_sampled"]) == {"sft", "ppo", "dpo"}
     assert set(evaluation["win_rate"]) == {"rm"}  # the trained reward model judges
@@ -252,7 +253,7 @@ def next_round(project: Path, directory: Path, collect: dict) -> Path:
 
 
 def assert_rm_judged_win_rates_with_intervals(project: Path) -> None:
-    evaluation = json.loads((project / "metrics" / "eval.json").read_text())
+    evaluation = read_metrics("eval", project)
     for pair in ("ppo_vs_sft", "dpo_vs_sft", "dpo_vs_ppo"):
         interval = evaluation["win_rate_ci95"]["rm"][pair]
         assert 0 <= interval["low"] <= evaluation["win_rate"]["rm"][pair] <= interval["high"] <= 1
@@ -272,7 +273,7 @@ def labeled_by_rm(project, tmp_path_factory) -> Path:
 
 
 def test_a_reward_model_labels_answers_sampled_from_the_sft_policy(labeled_by_rm):
-    collect = json.loads((labeled_by_rm / "metrics" / "collect.json").read_text())
+    collect = read_metrics("collect", labeled_by_rm)
     assert collect["prompts"] == len(read_rows(labeled_by_rm / paths.PROMPTS_TRAIN, PROMPT_SCHEMA))
     assert "labeler_mean_of_samples" in collect and "gold_mean_of_samples" not in collect
     assert_rm_judged_win_rates_with_intervals(labeled_by_rm)
@@ -312,7 +313,7 @@ def test_people_rank_the_answers_in_the_terminal_and_dvc_repro_completes(
     bob.sendline("q")
     bob.expect(pexpect.EOF)
     sh(["dvc", "repro"], project)
-    collect = json.loads((project / "metrics" / "collect.json").read_text())
+    collect = read_metrics("collect", project)
     assert collect["labels"] == len(queue) + 4 and collect["labelers"] == 2
     assert collect["inter_labeler_agreement"] == 1.0  # both rank by length
     assert collect["items_labeled_twice"] == 4

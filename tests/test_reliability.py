@@ -28,6 +28,7 @@ from rlhf.models.registry import build
 from rlhf.params import OptimParams
 from rlhf.stages import dpo
 from rlhf.stages.entry import DEBUG_ENV
+from rlhf.stages.metric_files import read_metrics
 from rlhf.stages.outputs import STAGE_LOCKS
 from rlhf.train import loop
 from rlhf.train.guard import NonFiniteError
@@ -205,9 +206,7 @@ def test_sft_starts_fresh_over_garbage_resume_state_and_clears_stale_temporaries
     assert "moved to" in rerun.stderr and "starting fresh" in rerun.stderr
     assert len(list(resume_dir.glob("sft.pt.unreadable-*"))) == 1
     assert not any(path.exists() for path in stale)
-    resumed, uninterrupted = (
-        json.loads((p / "metrics" / "sft.json").read_text()) for p in (project, trained_project)
-    )
+    resumed, uninterrupted = (read_metrics("sft", p) for p in (project, trained_project))
     assert resumed == uninterrupted
 
 

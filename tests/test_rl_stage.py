@@ -22,6 +22,7 @@ from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT
 from rlhf.models.lora import adapters, adapters_off, add_adapters, merged_model
 from rlhf.params import RL_ALGORITHMS, CriticParams, DataParams, Params, ParamsError, RLParams
+from rlhf.stages.metric_files import read_metrics
 from rlhf.synthetic.datasets import synthetic_sets
 from rlhf.train.curves import read_curve
 
@@ -42,7 +43,7 @@ TIMING_SUMMARY = {
 
 
 def rl_metrics(project, algorithm="ppo"):
-    return json.loads((project / "metrics" / f"{algorithm}.json").read_text())
+    return read_metrics(algorithm, project)
 
 
 def rl_curve(project, metric, algorithm="ppo"):
@@ -100,7 +101,7 @@ def test_killed_ppo_resumes_and_matches_an_uninterrupted_run(trained_project, tm
     resume = kill_at_first_save(
         project, "rlhf.stages.rl", project / ".rlhf" / "resume" / "ppo.pt", "ppo"
     )
-    assert not (project / "metrics" / "ppo.json").exists()
+    assert not (project / "metrics" / "details" / "ppo.json").exists()
     killed_at = checkpoint.load(resume)["trainer"]["step"]
 
     rerun = run_module("rlhf.stages.rl", project, "ppo")

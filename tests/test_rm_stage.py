@@ -14,6 +14,7 @@ from rlhf.cli import app
 from rlhf.data.schemas import COMPARISON_SCHEMA, PROMPT_SCHEMA, read_rows, write_rows
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.params import ParamsError, parse_params
+from rlhf.stages.metric_files import read_metrics
 from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
 
 from conftest import clean_env, make_project, run_module, write_params
@@ -24,7 +25,7 @@ RM_KEYS = {"acc_noisy", "acc_gold", "acc_gold_margin_ge_0_2", "acc_gold_by_margi
 
 
 def test_collect_writes_ranked_samples_with_gold_scores(trained_project):
-    metrics = json.loads((trained_project / "metrics" / "collect.json").read_text())
+    metrics = read_metrics("collect", trained_project)
     assert abs(metrics["label_flip_share"] - 0.25) < 0.05
     rows = read_rows(
         trained_project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
@@ -67,7 +68,7 @@ def test_mismatched_answers_come_from_sibling_prompts_and_are_judged():
 
 
 def test_rm_metrics_and_normalized_checkpoint(trained_project):
-    metrics = json.loads((trained_project / "metrics" / "rm.json").read_text())
+    metrics = read_metrics("rm", trained_project)
     assert set(metrics) >= RM_KEYS
     assert 0.0 <= metrics["acc_gold"] <= 1.0 and metrics["reward_std"] > 0
     payload = torch.load(
@@ -87,7 +88,7 @@ def test_score_cli_centres_demonstrations_and_prints_json(trained_project, monke
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["response"] for r in records] == ["Hello, Alice!", "Hello, Alice!"]
-    std = json.loads((trained_project / "metrics" / "rm.json").read_text())["reward_std"]
+    std = read_metrics("rm", trained_project)["reward_std"]
     assert all(abs(r["z"] * std - r["reward"]) < 1e-5 for r in records)
 
 
@@ -120,7 +121,7 @@ def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_pat
     )
     assert rows[0]["prompt"].startswith("Human: Greet") and rows[0]["gold_scores"] == []
     run_module("rlhf.stages.rm", project)
-    metrics = json.loads((project / "metrics" / "rm.json").read_text())
+    metrics = read_metrics("rm", project)
     assert metrics["acc_gold"] is None and metrics["acc_noisy"] is not None
 
 
@@ -142,7 +143,7 @@ def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, t
     dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
     assert "labeler.pt" in dvc_yaml["stages"]["collect"]["deps"]
     run_module("rlhf.stages.collect", project)
-    metrics = json.loads((project / "metrics" / "collect.json").read_text())
+    metrics = read_metrics("collect", project)
     assert "gold_mean_of_samples" not in metrics and 0 <= metrics["labeler_tie_share"] < 1
     rows = read_rows(
         project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
@@ -157,7 +158,7 @@ def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, t
             if abs(scores[i] - scores[j]) > 1e-4:  # the better-scored answer ranks first
                 assert (scores[i] > scores[j]) == (row["ranks"][i] < row["ranks"][j])
     run_module("rlhf.stages.rm", project)
-    rm = json.loads((project / "metrics" / "rm.json").read_text())
+    rm = read_metrics("rm", project)
     assert rm["acc_gold"] is None and rm["acc_noisy"] > 0.5  # it learns its teacher's order
     with pytest.raises(ParamsError, match=r"labeler = 'human:x' is not 'gold', 'human', 'rm:PATH'"):
         parse_params({"collect": {"labeler": "human:x"}})

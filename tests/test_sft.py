@@ -5,6 +5,7 @@ import torch
 
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.models import checkpoint
+from rlhf.stages.metric_files import read_metrics
 from rlhf.train.curves import read_curve
 
 from conftest import (
@@ -20,7 +21,7 @@ METRIC_KEYS = {"val_loss", "gold_greedy", "gold_sampled"}
 
 
 def metrics_of(project):
-    return json.loads((project / "metrics" / "sft.json").read_text())
+    return read_metrics("sft", project)
 
 
 def test_sft_learns_and_reports_the_contract_metrics(trained_project):

@@ -8,16 +8,17 @@ two standard deviations of the seeds' mean it is indistinguishable from noise.
 
 from __future__ import annotations
 
+import fnmatch
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rlhf.eval.summary import flattened
 
-# metrics file -> the keys a comparison shows (dotted, as `dvc metrics show` names them): a
-# name ending in "." stands for every key under it
+# metrics file -> the keys a comparison shows (dotted, as `dvc metrics show` names them, each
+# a glob): the stages' headline keys, which every recorded run has in git
 COMPARED = {
-    "eval": ("win_rate.gold.", "gold_sampled.", "gold_greedy.", "kl_to_sft."),
+    "eval": ("win_rate.gold.*_vs_sft", "gold_sampled.*", "kl_to_sft.*"),
     "rm": ("acc_gold",),
 }
 NOISE_STDS = 2.0  # a value this many seed standard deviations from the mean is "within noise"
@@ -27,10 +28,10 @@ def compared_numbers(metrics: Mapping[str, Mapping]) -> dict[str, float]:
     """The numbers a comparison shows, `eval:win_rate.gold.ppo_vs_sft` style, from the
     metrics files' contents (name -> parsed JSON)."""
     numbers: dict[str, float] = {}
-    for name, prefixes in COMPARED.items():
+    for name, patterns in COMPARED.items():
         for key, value in flattened(name, metrics.get(name, {})).items():
             inner = key.split(".", 1)[1] if "." in key else key
-            wanted = any(inner.startswith(p) if p.endswith(".") else inner == p for p in prefixes)
+            wanted = any(fnmatch.fnmatchcase(inner, pattern) for pattern in patterns)
             if wanted and isinstance(value, int | float):
                 numbers[f"{name}:{inner}"] = float(value)
     return numbers

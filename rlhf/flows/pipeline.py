@@ -54,6 +54,7 @@ from rlhf.stages import paths
 from rlhf.stages.dvcfile import declared_stages
 from rlhf.stages.entry import ERROR_PREFIX, FAILED_PREFIX
 from rlhf.stages.launch import NPROC_ENV
+from rlhf.stages.metric_files import read_metrics
 from rlhf.stages.overrides import set_params
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
@@ -75,27 +76,30 @@ def stages_for(target: str, root: Path) -> list[str]:
     return [name for name in order if name in needed]
 
 
-def stage_metrics(address: str) -> tuple[Path, ...]:
-    """The metrics files stage `address` (`sft`, `rl@ppo`) declares."""
-    name, _, item = address.partition("@")
-    return declared_stages()[name].filled(item or None).metrics
+def measured(stage: str, root: Path) -> dict[str, dict[str, Any]]:
+    """What stage `stage` (`sft`, `rl@ppo`) measured, headline and details merged, and how
+    fast it ran, by kind; a kind it has no file of is left out."""
+    name, _, item = stage.partition("@")
+    spec = declared_stages()[name].filled(item or None)
+    kinds = {}
+    if spec.details and any((root / f).exists() for f in (*spec.metrics, spec.details)):
+        kinds["metrics"] = read_metrics(spec.details.stem, root)  # `eval` for evaluate
+    timings = root / paths.timings_file(spec.filed_as)
+    if timings.exists():
+        kinds["timings"] = json.loads(timings.read_text())
+    return kinds
 
 
 def publish_metrics(stage: str, root: Path) -> None:
-    """Each of the stage's metrics files, and its timings, as one Prefect table artifact
+    """What the stage measured, and its timings, as one Prefect table artifact each
     (`rl@ppo`'s are keyed `rl-ppo-metrics` and `rl-ppo-timings`: artifact keys take
     lowercase letters, digits and dashes only)."""
-    name, _, item = stage.partition("@")
-    files = {"metrics": stage_metrics(stage), "timings": (paths.timings_file(item or name),)}
-    for kind, paths_of_kind in files.items():
-        for file in (root / f for f in paths_of_kind):
-            if file.exists():
-                rows = flattened("", json.loads(file.read_text()))
-                create_table_artifact(
-                    key=f"{stage.replace('@', '-')}-{kind}",
-                    table=[{"metric": k, "value": v} for k, v in rows.items()],
-                    description=f"{file} after stage {stage}",
-                )
+    for kind, numbers in measured(stage, root).items():
+        create_table_artifact(
+            key=f"{stage.replace('@', '-')}-{kind}",
+            table=[{"metric": k, "value": v} for k, v in flattened("", numbers).items()],
+            description=f"{kind} of stage {stage}",
+        )
 
 
 def evaluation_markdown(metrics: dict[str, Any]) -> str:
@@ -323,6 +327,6 @@ def publish_evaluation(stages: list[str], root: Path, experiment: Experiment | N
     head = experiment.markdown() if experiment else []
     create_markdown_artifact(
         key="rlhf-evaluation",
-        markdown="\n".join([*head, evaluation_markdown(json.loads(metrics_file.read_text()))]),
+        markdown="\n".join([*head, evaluation_markdown(read_metrics("eval", root))]),
         description="Gold win rates, scores and KL of every policy",
     )

@@ -17,7 +17,6 @@ from dataclasses import asdict
 from typing import Any
 
 from rlhf.algorithms.scorers import RewardModelScorer, external_scorer
-from rlhf.atomic import write_json
 from rlhf.data.schemas import (
     COMPARISON_SCHEMA,
     PROMPT_SCHEMA,
@@ -44,7 +43,7 @@ from rlhf.stages.common import file_digest, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
 from rlhf.stages.folders import HUMAN_LABELER, labeler_path, require_tracked
-from rlhf.stages.outputs import published, write_timings
+from rlhf.stages.outputs import published, write_metrics, write_timings
 from rlhf.stages.specs import StageSpec
 from rlhf.synthetic.collection import (
     BatchScore,
@@ -62,6 +61,8 @@ SPEC = StageSpec(
     inputs=(paths.RAW, paths.PROMPTS_TRAIN, paths.SFT_TRAIN, paths.TOKENIZER, paths.SFT_MODEL),
     outs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL),
     metrics=(paths.metrics_file("collect"),),
+    headline=("pairs", "gold_mean_of_samples", "label_flip_share"),
+    details=paths.details_file("collect"),
 )
 
 
@@ -207,7 +208,7 @@ def run() -> dict[str, Any]:
     with published(SPEC) as out:
         write_rows(out[paths.COMPARISONS_TRAIN], train, COMPARISON_SCHEMA)
         write_rows(out[paths.COMPARISONS_VAL], val, COMPARISON_SCHEMA)
-        write_json(out[paths.metrics_file("collect")], metrics)
+        write_metrics(out, SPEC, metrics)
     stage.log(f"({c.source}) {metrics}")
     return metrics
 

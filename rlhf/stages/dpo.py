@@ -34,7 +34,7 @@ SPEC = StageSpec(
     "rlhf.stages.dpo",
     params=("seed", "device", "threads", "memory", "train", "dpo"),
     inputs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL, paths.TOKENIZER, paths.SFT_MODEL),
-    **trained_outputs("dpo"),
+    **trained_outputs("dpo", ("acc_gold", "reward_accuracy", "val_loss")),
 )
 
 

@@ -88,8 +88,11 @@ def stage_entry(
     titled = top_level_plot_files()
     drawn = [p for p in spec.plots if str(p.path) not in titled]
     plain = [{str(p.path): {"cache": False}} for p in spec.plots if str(p.path) in titled]
-    if spec.outs or plain:
-        entry["outs"] = [str(p) for p in spec.outs] + plain
+    # details are cached like models: an uncached out that is not a metric or plot would keep
+    # the stage out of DVC's run cache
+    outs = [*spec.outs, *([spec.details] if spec.details else [])]
+    if outs or plain:
+        entry["outs"] = [str(p) for p in outs] + plain
     if spec.metrics:
         entry["metrics"] = [{str(p): {"cache": False}} for p in spec.metrics]
     if drawn:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlhf.algorithms.scorers import RewardModelScorer, Scorer, make_scorer
-from rlhf.atomic import write_csv, write_json
+from rlhf.atomic import write_csv
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.eval import report
 from rlhf.eval.gold import has_judge
@@ -35,7 +35,7 @@ from rlhf.stages.common import console, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
 from rlhf.stages.folders import named_path, require_tracked
-from rlhf.stages.outputs import published
+from rlhf.stages.outputs import published, write_metrics
 from rlhf.stages.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
@@ -54,6 +54,8 @@ SPEC = StageSpec(
     ),
     outs=(paths.REPORTS,),
     metrics=(paths.EVAL_METRICS,),
+    headline=("win_rate.gold.*_vs_sft", "gold_sampled", "kl_to_sft"),
+    details=paths.details_file("eval"),
     plots=(Plot(paths.EVAL_CURVE, "kl_to_sft", "gold_score"),),
 )
 
@@ -155,7 +157,7 @@ def run() -> dict[str, float]:
         )  # fmt: skip
         rows = [{"policy": a, **point} for a, curve in curves.items() for point in curve]
         write_csv(out[paths.EVAL_CURVE], rows)
-        write_json(out[paths.EVAL_METRICS], metrics)
+        write_metrics(out, SPEC, metrics)
     numbers = headline(metrics)
     shown = [f"{k} {v}" for k, v in numbers.items() if k.startswith(("gold_sampled.", "win_rate."))]
     console.print(f"evaluate: {', '.join(shown)}; report in {paths.REPORT}")

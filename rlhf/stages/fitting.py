@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlhf.atomic import write_json
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
 from rlhf.stages import paths
 from rlhf.stages.context import StageRun
-from rlhf.stages.outputs import published, write_timings
+from rlhf.stages.outputs import published, write_metrics, write_timings
 from rlhf.stages.trained import finish, reporting, stage_curves
 from rlhf.train import loop
 
@@ -75,6 +74,6 @@ def publish(
     with published(stage.spec) as out:
         checkpoint.save(out[paths.model_file(name)], payload)
         stage_curves(out, stage.spec)
-        write_json(out[paths.metrics_file(name)], metrics)
+        write_metrics(out, stage.spec, metrics)
     write_timings(name, {"tokens_per_s": history.tokens_per_s})
     finish(stage.spec)

@@ -17,6 +17,7 @@ from rlhf.atomic import Publication, publication, remove_stale, write_csv, write
 from rlhf.errors import OutputError, PipelineError
 from rlhf.locks import try_lock
 from rlhf.stages import paths
+from rlhf.stages.metric_files import split
 from rlhf.stages.specs import StageSpec
 
 
@@ -67,6 +68,18 @@ def published(spec: StageSpec) -> Iterator[Publication]:
         missing = sorted(str(p) for p in set(spec.outputs) - staged.targets)
         if missing:
             raise OutputError(f"stage {spec.address} wrote no {', '.join(missing)}")
+
+
+def write_metrics(out: Publication, spec: StageSpec, metrics: dict[str, Any]) -> None:
+    """What a stage measured: its headline keys to its metrics file, the rest to its details
+    file (`metric_files.py`)."""
+    shown, details = split(metrics, spec.headline)
+    for target in spec.metrics:
+        write_json(out[target], shown)
+    if spec.details:
+        write_json(out[spec.details], details)
+    elif details:
+        raise OutputError(f"stage {spec.address} declares no details file for {sorted(details)}")
 
 
 def write_timings(

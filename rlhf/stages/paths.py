@@ -1,8 +1,9 @@
 """Where every stage reads and writes, relative to the DVC repository root.
 
-A trained stage NAME writes `artifacts/NAME/model.pt`, `metrics/NAME.json` and its training
-curves, one dvclive TSV per metric in `dvclive/NAME/plots/metrics/`; an RL stage is named
-after its algorithm. `specs.py` says which stage reads and writes which of these.
+A trained stage NAME writes `artifacts/NAME/model.pt`, `metrics/NAME.json` (its headline
+numbers), `metrics/details/NAME.json` (the rest) and its training curves, one dvclive TSV per
+metric in `dvclive/NAME/plots/metrics/`; an RL stage is named after its algorithm. `specs.py`
+says which stage reads and writes which of these.
 """
 
 from pathlib import Path
@@ -43,7 +44,14 @@ def model_file(stage: str) -> Path:
 
 
 def metrics_file(stage: str) -> Path:
+    """The stage's headline numbers, what DVC's metrics views read."""
     return METRICS / f"{stage}.json"
+
+
+def details_file(stage: str) -> Path:
+    """Everything else the stage measured (`metric_files.py`), an output DVC's metrics views
+    do not read."""
+    return METRICS / "details" / f"{stage}.json"
 
 
 def timings_file(stage: str) -> Path:

@@ -3,7 +3,7 @@
 `python -m rlhf.stages.rl ppo` (dvc.yaml runs `rl@NAME` for every name in `rl_algorithms`).
 The algorithm's params group (`ppo`, `grpo`, ...) says how it optimizes; the `rl` group what
 every algorithm shares. Outputs: `artifacts/NAME/` (model, sampled answers, snapshots for the
-over-optimization curve), `metrics/NAME.json`, and each iteration's statistics as training
+over-optimization curve), `metrics/details/NAME.json`, and each iteration's statistics as training
 curves in `dvclive/NAME/`.
 
 `RLHF_NPROC` processes (`rlhf.stages.launch`) sample, score and train on shares of every
@@ -31,7 +31,7 @@ from typing import Any
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import MISMATCH_KEYS, Experience, RLTrainer
 from rlhf.algorithms.scorers import backbones, make_scorer
-from rlhf.atomic import remove_stale_in, write_json, write_text
+from rlhf.atomic import remove_stale_in, write_text
 from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.policies import versus_reference
@@ -42,7 +42,7 @@ from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
 from rlhf.stages import paths
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
-from rlhf.stages.outputs import published, write_timings
+from rlhf.stages.outputs import published, write_metrics, write_timings
 from rlhf.stages.specs import ITEM, Plot, StageSpec
 from rlhf.stages.trained import finish, reporting, stage_curves
 from rlhf.train.device import compile_report
@@ -68,7 +68,9 @@ SPEC = StageSpec(
         paths.RM_MODEL,
     ),
     outs=(paths.model_file(ITEM), paths.samples_file(ITEM), paths.snapshots_dir(ITEM)),
-    metrics=(paths.metrics_file(ITEM),),
+    # its policy's headline numbers are what evaluate measures of it (one changed RL param
+    # then changes three columns of `dvc exp show --only-changed`): training's own are details
+    details=paths.details_file(ITEM),
     plots=(Plot(paths.curves_folder(ITEM), "step"),),
     foreach="${rl_algorithms}",
 )
@@ -271,7 +273,7 @@ def publish(
         stage_curves(out, stage.spec)
         lines = "".join(json.dumps(s) + "\n" for s in samples)
         write_text(out[paths.samples_file(algorithm)], lines)
-        write_json(out[paths.metrics_file(algorithm)], metrics)
+        write_metrics(out, stage.spec, metrics)
     step_timings = [{"step": r["step"], **{k: r[k] for k in TIMING_COLUMNS}} for r in history]
     write_timings(algorithm, timings(history), step_timings)
     finish(stage.spec)

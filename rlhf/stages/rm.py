@@ -36,7 +36,7 @@ SPEC = StageSpec(
         paths.TOKENIZER,
         paths.SFT_MODEL,
     ),
-    **trained_outputs("rm"),
+    **trained_outputs("rm", ("acc_gold", "acc_noisy", "val_loss", "reward_length_corr")),
 )
 
 

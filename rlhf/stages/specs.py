@@ -34,6 +34,10 @@ class StageSpec:
     outs: tuple[Path, ...] = ()
     metrics: tuple[Path, ...] = ()
     plots: tuple[Plot, ...] = ()
+    # what it measured: the `headline` keys (dotted, the last part a glob) to its metrics file,
+    # what DVC's views show; the rest to `details` (`metric_files.py`)
+    headline: tuple[str, ...] = ()
+    details: Path | None = None
     foreach: str | None = None  # params list the stage runs once per element of
     item: str | None = None  # that element, once filled in
 
@@ -44,8 +48,9 @@ class StageSpec:
 
     @property
     def outputs(self) -> tuple[Path, ...]:
-        """Everything the stage writes: outs, metrics and plots."""
-        return (*self.outs, *self.metrics, *(p.path for p in self.plots))
+        """Everything the stage writes: outs, metrics, their details and plots."""
+        details = (self.details,) if self.details else ()
+        return (*self.outs, *self.metrics, *details, *(p.path for p in self.plots))
 
     @property
     def filed_as(self) -> str:
@@ -76,17 +81,20 @@ class StageSpec:
             inputs=tuple(_fill(p, item) for p in self.inputs),
             outs=tuple(_fill(p, item) for p in self.outs),
             metrics=tuple(_fill(p, item) for p in self.metrics),
+            details=self.details and _fill(self.details, item),
             plots=tuple(replace(p, path=_fill(p.path, item)) for p in self.plots),
             item=item,
         )
 
 
-def trained_outputs(name: str) -> dict[str, tuple]:
-    """Outputs of a stage trained by the shared loop: model, metrics and training curves
-    (StageSpec keyword arguments)."""
+def trained_outputs(name: str, headline: tuple[str, ...]) -> dict[str, tuple]:
+    """Outputs of a stage trained by the shared loop: model, metrics (`headline` shown by
+    DVC) and training curves (StageSpec keyword arguments)."""
     return {
         "outs": (paths.model_file(name),),
         "metrics": (paths.metrics_file(name),),
+        "headline": headline,
+        "details": paths.details_file(name),
         "plots": (Plot(paths.curves_folder(name), "step"),),
     }
 

@@ -22,9 +22,10 @@ def resolve_device(choice: str) -> torch.device:
 
 
 def pin_threads(count: int) -> None:
-    """Fix torch's CPU intra-op thread count (0: leave torch's default, every core). How a
-    reduction is split among threads decides the order its floats are summed in, so the
-    same params give bit-identical CPU results only at the same count."""
+    """Fix torch's CPU intra-op thread count (0: leave torch's default, the cores, or
+    OMP_NUM_THREADS where a launcher shares them out). How a reduction is split among threads
+    decides the order its floats are summed in, so the same params give bit-identical CPU
+    results only at the same count."""
     if count:
         torch.set_num_threads(count)
 
