@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlhf.data.import_formats import FORMATS
 from rlhf.errors import CheckpointError, OptionError, OutputError, PipelineError
 from rlhf.params import RL_ALGORITHMS, DataParams, describe, load_params, lookup, parse_params
 from rlhf.stages import paths
@@ -32,13 +33,8 @@ from rlhf.stages.entry import DEBUG_ENV, USER_ERROR, print_error, report_errors
 results = Console(highlight=False)
 
 
-class ImportKind(str, Enum):
-    sft = "sft"
-    pairwise = "pairwise"
-    hh = "hh"
-    ranked = "ranked"
-    ultrafeedback = "ultrafeedback"
-    label_studio = "label-studio"
+ImportKind = Enum("ImportKind", {name: name for name in FORMATS}, type=str)
+DEMONSTRATIONS = ImportKind("sft")  # the one kind that holds demonstrations, not comparisons
 
 
 class ImportedAs(str, Enum):
@@ -377,13 +373,8 @@ def import_data(
     ],
     kind: Annotated[
         ImportKind,
-        typer.Option(
-            help="sft: prompt, response. pairwise: prompt, chosen, rejected. hh: Anthropic "
-            "HH-RLHF transcripts (chosen, rejected). ranked: prompt, responses [{text, rank}]. "
-            "ultrafeedback: prompt (or instruction), completions [{response, overall_score}]. "
-            "label-studio: the JSON export of a List + Ranker project."
-        ),
-    ] = ImportKind.sft,
+        typer.Option(help=" ".join(f"{name}: {rows}." for name, rows in FORMATS.items())),
+    ] = DEMONSTRATIONS,
     imported_as: Annotated[
         ImportedAs | None,
         typer.Option(
@@ -419,7 +410,7 @@ def import_data(
     from rlhf.data.importers import best_answers, import_file, write_rejected
     from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
 
-    from_sft = kind is ImportKind.sft
+    from_sft = kind is DEMONSTRATIONS
     default_as = ImportedAs.demonstrations if from_sft else ImportedAs.comparisons
     is_sft = (imported_as or default_as) is ImportedAs.demonstrations
     if from_sft and not is_sft:

@@ -85,7 +85,7 @@ def test_each_rl_policy_has_an_overoptimization_curve(trained_project, algorithm
     assert float(rows[-1]["gold_score"]) == metrics["gold_sampled"][algorithm]
     assert float(rows[-1]["rm_score"]) == metrics["rm_sampled"][algorithm]
     snapshot = torch.load(
-        trained_project / "artifacts/ppo/snapshots/step_00002.pt", weights_only=True
+        trained_project / f"artifacts/{algorithm}/snapshots/step_00002.pt", weights_only=True
     )
     assert snapshot["kind"] == "policy" and snapshot["step"] == 2
 

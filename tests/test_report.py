@@ -1,5 +1,7 @@
 import re
 
+from PIL import Image
+
 from rlhf.eval import plots
 from rlhf.eval.report import render, warning_signs
 from rlhf.eval.win_rates import WinRate
@@ -121,3 +123,8 @@ def test_figures_are_written_as_png(tmp_path):
     plots.training_curves(tmp_path / "c.png", {"SFT": (train, val), "DPO": (train, val)})
     for name in ("w", "t", "o", "c"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG
+        with Image.open(tmp_path / f"{name}.png") as image:  # a drawn figure, not a blank
+            width, height = image.size
+            colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
+        assert width >= 400 and height >= 150
+        assert colours is None or len(colours) > 50  # lines, bars and anti-aliased text

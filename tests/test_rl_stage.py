@@ -118,7 +118,7 @@ def test_killed_ppo_resumes_and_matches_an_uninterrupted_run(trained_project, tm
 
 def trainer_for(
     trained_project, algorithm: str, overrides: dict, *, dropout: float = 0.0, lora: int = 0,
-    microbatch_tokens: int = 16384,
+    microbatch_tokens: int = 16384, shared: dict | None = None,
 ):  # fmt: skip
     """A trainer for `algorithm` on the tiny project's SFT policy (and its RM as critic);
     `lora` > 0 trains adapters of that rank on both, the policy its own reference. Seeded:
@@ -132,7 +132,7 @@ def trainer_for(
         policy = GPT(dataclasses.replace(policy.config, dropout=dropout))
         policy.load_state_dict(checkpoint.load(sft)["model"])
     critic = None
-    if isinstance(cfg, CriticParams):
+    if isinstance(cfg, CriticParams) and cfg.critic == "separate":
         rm = trained_project / "artifacts" / "rm" / "model.pt"
         critic = checkpoint.load_model(rm, tokenizer)[0]
         critic.init_value_head_from_reward_head()
@@ -144,7 +144,8 @@ def trainer_for(
     rows = read_rows(trained_project / "data" / "prepared" / "prompts_train.parquet", PROMPT_SCHEMA)
     return RLTrainer(
         ALGORITHMS[algorithm], cfg,
-        RLParams(max_new_tokens=12, microbatch_tokens=microbatch_tokens), policy=policy,
+        RLParams(max_new_tokens=12, microbatch_tokens=microbatch_tokens, **(shared or {})),
+        policy=policy,
         reference=reference, critic=critic, scorer=RuleScorer(contains_number),
         tokenizer=tokenizer, prompts=sorted({r["prompt"] for r in rows}), seed=0,
     )  # fmt: skip
@@ -254,7 +255,73 @@ def test_microbatches_add_up_to_the_minibatch(trained_project, algorithm):
     torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
 
 
-def test_reward_sources(trained_project):
+def test_the_reward_is_the_score_shaped_by_the_rl_params(trained_project):
+    """`rl.missing_eos_penalty` for answers cut off at max_new_tokens, `rl.length_penalty` per
+    token, then `rl.reward_clip`: the reward of every answer, from its score, end and length."""
+    shaping = {"missing_eos_penalty": 0.7, "length_penalty": 0.05, "reward_clip": 0.5}
+    trainer = trainer_for(trained_project, "ppo", {"batch_size": 16}, shared=shaping)
+    experience, stats = trainer.make_experience(trainer.prompts[:16])
+    rollout = experience.rollout
+    assert 0 < int(rollout.ended.sum()) < 16  # some answers end, some are cut off
+    shaped = experience.scores - 0.7 * (~rollout.ended).float() - 0.05 * rollout.lengths.float()
+    expected = shaped.clamp(-0.5, 0.5)
+    assert (shaped.abs() > 0.5).any()  # the clip bites
+    assert stats["reward"] == pytest.approx(float(expected.mean()), abs=1e-6)
+    assert stats["score"] == pytest.approx(float(experience.scores.mean()), abs=1e-6)
+
+
+def test_ppo_stops_its_passes_at_the_target_approx_kl(trained_project):
+    """`ppo.target_approx_kl`: passes over the rollout end once a pass's mean approx-KL is
+    above it (one pass at a target below any KL), all `update_epochs` without a target."""
+    ran = []
+    for target in (1e-12, 0.0):
+        cfg = {"batch_size": 8, "minibatch_size": 4, "update_epochs": 4, "target_approx_kl": target}
+        stats, _ = trainer_for(trained_project, "ppo", cfg).iteration()
+        ran.append(stats["update_epochs_run"])
+    assert ran == [1, 4]
+
+
+def test_the_entropy_bonus_changes_the_update(trained_project):
+    """`entropy_coef` > 0 adds the bonus to the loss (at 0 the entropy is only logged): from
+    the same rollout, the updated weights differ."""
+    weights = []
+    for coef in (0.0, 0.5):
+        trainer = trainer_for(trained_project, "ppo", {"batch_size": 8, "entropy_coef": coef})
+        stats, _ = trainer.iteration()
+        assert stats["entropy"] > 0
+        weights.append(torch.cat([p.detach().flatten() for p in trainer.policy.parameters()]))
+    assert not torch.equal(weights[0], weights[1])
+
+
+def test_an_adaptive_kl_coefficient_follows_the_measured_kl(trained_project):
+    """`kl_target` through the trainer: after each iteration beta is multiplied by
+    1 + clip(KL / target - 1, -0.2, 0.2) * answers / kl_horizon (Ziegler et al.) with the KL
+    the iteration logged, and the next iteration's penalty uses it; 0 keeps `kl_coef`."""
+    for target in (0.05, 0.0):
+        cfg = {"batch_size": 8, "kl_coef": 0.2, "kl_target": target, "kl_horizon": 100}
+        trainer = trainer_for(trained_project, "ppo", cfg | {"lr": 1e-3})
+        expected = 0.2
+        for _ in range(3):
+            stats, _ = trainer.iteration()
+            assert stats["beta"] == pytest.approx(expected)  # the beta this iteration used
+            if target:
+                expected *= 1 + min(max(stats["kl"] / target - 1, -0.2), 0.2) * 8 / 100
+        assert trainer.kl_ctl.beta == pytest.approx(expected)
+        assert (expected != 0.2) == bool(target)
+
+
+def test_a_shared_critic_is_a_value_head_trained_on_the_policy(trained_project):
+    """`ppo.critic: shared`: no critic model; the values come from a head on the policy's
+    trunk, which the update trains along with the policy (`vf_coef`)."""
+    trainer = trainer_for(trained_project, "ppo", {"batch_size": 8, "critic": "shared"})
+    assert trainer.critic is None and trainer.critic_opt is None
+    head = trainer.policy.value_head.weight.detach().clone()
+    stats, experience = trainer.iteration()
+    assert experience.values is not None and stats["value_loss"] > 0
+    assert not torch.equal(trainer.policy.value_head.weight, head)
+
+
+def test_reward_sources(trained_project, tmp_path):
     tokenizer = load_tokenizer(trained_project / "artifacts" / "tokenizer")
     rm = trained_project / "artifacts" / "rm" / "model.pt"
     device = torch.device("cpu")
@@ -264,8 +331,17 @@ def test_reward_sources(trained_project):
     gold = make_scorer("rule:gold", tokenizer, device, rm)
     assert gold(prompts, answers).tolist() == [1.0, 1.0]
     single = make_scorer("rm", tokenizer, device, rm)(prompts, answers)
-    ensemble = make_scorer("ensemble", tokenizer, device, rm, ensemble=[rm], reduce="mean")
-    torch.testing.assert_close(ensemble(prompts, answers), single)
+    # the RM with its mirror image (rewards negated) as the ensemble: the default `min` takes
+    # the lower of each pair, `mean` cancels them
+    payload = torch.load(rm, weights_only=True)
+    for key in ("reward_head.weight", "reward_head.bias"):
+        payload["model"][key] = -payload["model"][key]
+    mirrored = tmp_path / "mirrored.pt"
+    torch.save(payload, mirrored)
+    lowest = make_scorer("ensemble", tokenizer, device, rm, ensemble=[mirrored])
+    torch.testing.assert_close(lowest(prompts, answers), -single.abs())
+    mean = make_scorer("ensemble", tokenizer, device, rm, ensemble=[mirrored], reduce="mean")
+    torch.testing.assert_close(mean(prompts, answers), torch.zeros_like(single), atol=1e-6, rtol=0)
     model, payload = checkpoint.load_model(rm, tokenizer)
     raw = score(model, tokenizer, prompts, answers, pooling=payload["pooling"])
     torch.testing.assert_close(single, raw / payload["reward_std"])  # normalized by the std

@@ -11,7 +11,13 @@ from typer.testing import CliRunner
 
 from rlhf.algorithms.scorers import RewardModelScorer
 from rlhf.cli import app
-from rlhf.data.schemas import COMPARISON_SCHEMA, PROMPT_SCHEMA, read_rows, write_rows
+from rlhf.data.schemas import (
+    COMPARISON_SCHEMA,
+    PROMPT_SCHEMA,
+    SFT_SCHEMA,
+    read_rows,
+    write_rows,
+)
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.params import ParamsError, parse_params
 from rlhf.stages.metric_files import read_metrics
@@ -78,7 +84,7 @@ def test_rm_metrics_and_normalized_checkpoint(trained_project):
     assert payload["reward_std"] == pytest.approx(metrics["reward_std"], abs=1e-6)
 
 
-def test_score_cli_centres_demonstrations_and_prints_json(trained_project, monkeypatch):
+def test_score_cli_centres_demonstrations_and_prints_json(trained_project, tmp_path, monkeypatch):
     monkeypatch.chdir(trained_project)
     result = runner.invoke(
         app,
@@ -90,6 +96,16 @@ def test_score_cli_centres_demonstrations_and_prints_json(trained_project, monke
     assert [r["response"] for r in records] == ["Hello, Alice!", "Hello, Alice!"]
     std = read_metrics("rm", trained_project)["reward_std"]
     assert all(abs(r["z"] * std - r["reward"]) < 1e-5 for r in records)
+    # centred: the demonstrations the stage normalized on (rm.norm_samples) average 0
+    norm = yaml.safe_load((trained_project / "params.yaml").read_text())["rm"]["norm_samples"]
+    demos = read_rows(trained_project / "data/prepared/sft_train.parquet", SFT_SCHEMA)[:norm]
+    file = tmp_path / "demos.jsonl"
+    file.write_text("".join(json.dumps({"prompt": d["prompt"], "response": d["response"]}) + "\n"
+                            for d in demos))  # fmt: skip
+    scored_demos = runner.invoke(app, ["score", "--file", str(file), "--json"])
+    assert scored_demos.exit_code == 0, scored_demos.output
+    rewards = [json.loads(line)["reward"] for line in scored_demos.stdout.splitlines()]
+    assert len(rewards) == norm and abs(sum(rewards) / norm) < 1e-4 and max(rewards) > 0.01
 
 
 def test_score_cli_rejects_unpaired_input_and_policy_checkpoints(trained_project, monkeypatch):

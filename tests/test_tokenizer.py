@@ -134,3 +134,26 @@ def test_a_tokenizer_loads_where_tiktokens_cache_cannot_be_written(tmp_path, mon
     ranks.write_bytes(ranks.read_bytes() + b"\n")
     with pytest.raises(CheckpointError, match=r"tokenizer.tiktoken: its contents do not match"):
         load_tokenizer(tmp_path / "tok")
+
+
+def test_a_named_tiktoken_encoding_keeps_its_ranks_and_gets_the_chat_tokens(tmp_path, monkeypatch):
+    """`tokenizer.kind: tiktoken` (an encoding tiktoken names, registered here as a plugin
+    would, since named encodings download on first use): its ranks and its own end token,
+    the chat frame's other tokens added after its vocabulary."""
+    import tiktoken.registry as registry
+
+    from rlhf.data.tokenizer import PAT_STR
+
+    registry.list_encoding_names()  # tiktoken reads its plugins' constructors first
+    ranks = {bytes([i]): i for i in range(256)}
+    named = {"pat_str": PAT_STR, "mergeable_ranks": ranks, "special_tokens": {EOS: 256}}
+    monkeypatch.setitem(
+        registry.ENCODING_CONSTRUCTORS, "tiny_bytes", lambda: named | {"name": "tiny_bytes"}
+    )
+    tokenizer = save_tokenizer(tmp_path / "tok", "tiktoken", encoding="tiny_bytes")
+    assert tokenizer.encode("héllo") == list("héllo".encode())  # its own ranks
+    assert tokenizer.eos_id == 256  # its end token, reused
+    assert tokenizer.vocab_size == 256 + len(SPECIAL_TOKENS)
+    assert load_tokenizer(tmp_path / "tok").encode("héllo") == tokenizer.encode("héllo")
+    with pytest.raises(RuntimeError, match="tiktoken encoding 'no_such' could not be loaded"):
+        save_tokenizer(tmp_path / "other", "tiktoken", encoding="no_such")

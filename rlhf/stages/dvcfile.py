@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         if DVC_FILE.exists() and DVC_FILE.read_text() == text:
             return 0
-        print(f"{DVC_FILE} differs from what rlhf/stages/specs.py generates; run `rlhf dvc-yaml`")
+        print(f"{DVC_FILE} differs from what the stages declare (their SPEC); run `rlhf dvc-yaml`")
         return 1
     write_text(DVC_FILE, text)
     print(f"wrote {DVC_FILE}")
