@@ -15,7 +15,7 @@ The pipeline runs twice: its decoding steps one op at a time (`RLHF_DECODE=eager
 reference) and compiled (`compiled`; on CUDA `graph`: captured as CUDA graphs and replayed,
 what the stages run there). From the same streams in float32 both must give the same
 log-probs up to float rounding until a row's first different token (a draw within rounding of
-a boundary between two of 50257 near-uniform tokens; the rows identical are reported).
+a boundary between two of 50257 near-uniform tokens), and at least half the rows identical.
 
 Before timing, one check that the two really hold the same model: their float32 logits on
 the prompts agree, and greedy decoding gives the same tokens (float32, 4 prompts, 16 tokens).
@@ -247,7 +247,10 @@ def main() -> None:
         for r in rows
         if r["batch"] in TARGET_TOKENS_PER_S
     ]
-    sampler_right = check["compiled_logprob_gap"] < COMPILED_LOGPROB_GAP
+    sampler_right = (
+        check["compiled_logprob_gap"] < COMPILED_LOGPROB_GAP
+        and check["compiled_rows_identical"] * 2 >= check["compiled_rows"]
+    )
     met = same and sampler_right and all(t["met"] for t in targets)
     if not same:
         print("NOT the same model: the comparison is void")
@@ -267,7 +270,8 @@ def main() -> None:
         },
     )
     if not sampler_right:
-        print(f"NOT the eager sampler: log-probs {check['compiled_logprob_gap']:.1e} apart")
+        print("NOT the eager sampler: fewer than half the rows identical, or log-probs "
+              f"{check['compiled_logprob_gap']:.1e} apart")  # fmt: skip
     if not same or not sampler_right:
         raise SystemExit(1)
 

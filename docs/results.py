@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report a stale block")
     check = parser.parse_args(argv).check
+    for name in ("eval", "rm"):  # DVC-cached: a checkout without them cannot say anything
+        if not (ROOT / "metrics" / "details" / f"{name}.json").exists():
+            print(f"metrics/details/{name}.json is missing: run `dvc pull` (or `dvc repro`)")
+            return 1
     metrics = {name: read_metrics(name, ROOT) for name in ("eval", "rm")}
     seed = yaml.safe_load((ROOT / "params.yaml").read_text())["seed"]
     block = results_markdown(metrics["eval"], metrics["rm"], seed)

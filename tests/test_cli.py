@@ -17,9 +17,9 @@ from conftest import REPO
 runner = CliRunner()
 
 
-def test_generate_answers_prompts_from_args_and_file(trained_project, monkeypatch):
+def test_generate_answers_prompts_from_args_and_file(trained_project, tmp_path, monkeypatch):
     monkeypatch.chdir(trained_project)
-    prompts = trained_project / "prompts.txt"
+    prompts = tmp_path / "prompts.txt"
     prompts.write_text("Greet Alice.\n\nWhat is 2 plus 3?\n")
     result = runner.invoke(
         app,

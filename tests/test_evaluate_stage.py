@@ -131,9 +131,10 @@ def test_a_failed_report_leaves_the_previous_outputs(trained_project, tmp_path, 
     project = make_project(tmp_path / "p")
     for part in ("data", "artifacts", "metrics", "dvclive", "reports"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
+    outputs = [project / "metrics/eval.json", project / "metrics/details/eval.json"]
     before = {
         path: path.read_bytes()
-        for path in [*project.glob("reports/**/*"), project / "metrics/eval.json"]
+        for path in [*project.glob("reports/**/*"), *outputs]
         if path.is_file()
     }
 

@@ -418,16 +418,17 @@ def test_cli_run_keeps_its_temporary_servers_history_in_the_repository(in_projec
     profiles.parent.mkdir(parents=True)
     env = prefect_env(prefect_server) | {"HOME": str(home)}
     del env["PREFECT_API_URL"]
-    env.pop("PREFECT_HOME", None)
+    for setting in ("PREFECT_HOME", "PREFECT_PROFILES_PATH"):
+        env.pop(setting, None)
     run = ["rlhf", "run", "--target", "prepare"]
     database = in_project / ".rlhf" / "prefect" / "prefect.db"
 
     profiles.write_text(f'active = "team"\n[profiles.team]\nPREFECT_API_URL = "{prefect_server}"\n')
     with get_client(sync_client=True) as client:
-        before = len(client.read_flow_runs())
+        before = client.count_flow_runs()
     sh(run, in_project, env)
     with get_client(sync_client=True) as client:
-        assert len(client.read_flow_runs()) == before + 1  # on the profile's server
+        assert client.count_flow_runs() == before + 1  # on the profile's server
     assert not database.exists()
 
     profiles.unlink()

@@ -59,3 +59,17 @@ def test_rlhf_compare_compares_headline_numbers_only():
         "eval:gold_sampled.sft", "eval:gold_sampled.ppo", "eval:kl_to_sft.sft",
         "eval:kl_to_sft.ppo", "eval:win_rate.gold.ppo_vs_sft", "rm:acc_gold",
     }  # fmt: skip
+
+
+def test_off_the_task_suite_the_reward_models_win_rates_are_headline():
+    """Without a gold judge (your own data) the headline win rates are the reward model's;
+    an empty breakdown the stage wrote stays in the details as written."""
+    measured = {
+        "win_rate": {"rm": {"ppo_vs_sft": 0.6, "dpo_vs_ppo": 0.5}, "hf:judge": {"ppo_vs_sft": 0.7}},
+        "kl_to_sft": {"ppo": 1.0},
+        "by_task": {},
+    }
+    shown, details = split(measured, evaluate.SPEC.headline)
+    assert shown == {"win_rate": {"rm": {"ppo_vs_sft": 0.6}}, "kl_to_sft": {"ppo": 1.0}}
+    assert details["by_task"] == {} and details["win_rate"]["hf:judge"] == {"ppo_vs_sft": 0.7}
+    assert merged(shown, details) == measured

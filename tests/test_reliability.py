@@ -143,7 +143,10 @@ def test_nan_loss_stops_the_dpo_stage_and_changes_no_output(trained_project, tmp
     """With a loss that turns NaN at step 2, today's main trained on and wrote NaN weights
     and metrics; now the stage stops with the step and the terms, and writes nothing."""
     project = copy_of(trained_project, tmp_path / "p")
-    outputs = {p: digest(project / p) for p in ("artifacts/dpo/model.pt", "metrics/dpo.json")}
+    outputs = {
+        p: digest(project / p)
+        for p in ("artifacts/dpo/model.pt", "metrics/dpo.json", "metrics/details/dpo.json")
+    }
     write_params(project, {"dpo.save_every": 100})
     pair_loss, calls = dpo.pair_loss, []
 
@@ -212,7 +215,7 @@ def test_sft_starts_fresh_over_garbage_resume_state_and_clears_stale_temporaries
 
 def test_killed_rm_resumes_and_matches_an_uninterrupted_run(trained_project, tmp_path):
     project = copy_of(trained_project, tmp_path / "p")
-    for path in ("artifacts/rm", "metrics/rm.json"):
+    for path in ("artifacts/rm", "metrics/rm.json", "metrics/details/rm.json"):
         shutil.rmtree(project / path) if (project / path).is_dir() else (project / path).unlink()
     write_params(project, {"rm.save_every": 2})
     resume = kill_at_first_save(project, "rlhf.stages.rm", project / ".rlhf" / "resume" / "rm.pt")
@@ -246,7 +249,7 @@ def test_a_stage_another_process_runs_is_refused_in_one_line(trained_project, tm
 def test_sigterm_stops_a_stage_as_ctrl_c_does_and_the_rerun_resumes(trained_project, tmp_path):
     """`kill`, `docker stop` or a scheduler's cancel: a line, exit 130, the resume state kept."""
     project = copy_of(trained_project, tmp_path / "p")
-    for path in ("artifacts/rm", "metrics/rm.json"):
+    for path in ("artifacts/rm", "metrics/rm.json", "metrics/details/rm.json"):
         shutil.rmtree(project / path) if (project / path).is_dir() else (project / path).unlink()
     write_params(project, {"rm.save_every": 2})
     resume = project / ".rlhf" / "resume" / "rm.pt"

@@ -82,8 +82,9 @@ def measured(stage: str, root: Path) -> dict[str, dict[str, Any]]:
     name, _, item = stage.partition("@")
     spec = declared_stages()[name].filled(item or None)
     kinds = {}
-    if spec.details and any((root / f).exists() for f in (*spec.metrics, spec.details)):
-        kinds["metrics"] = read_metrics(spec.details.stem, root)  # `eval` for evaluate
+    files = (*spec.metrics, *([spec.details] if spec.details else []))
+    if any((root / f).exists() for f in files):
+        kinds["metrics"] = read_metrics(files[0].stem, root)  # `eval` for evaluate
     timings = root / paths.timings_file(spec.filed_as)
     if timings.exists():
         kinds["timings"] = json.loads(timings.read_text())

@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf.models.scan import running_sum
-
 
 def attention_mask_and_positions(key_mask: Tensor, start: int) -> tuple[Tensor, Tensor]:
     """Attention mask and position ids for the last T = L - start tokens of `key_mask` [B, L].
@@ -30,7 +28,7 @@ def attention_mask_and_positions(key_mask: Tensor, start: int) -> tuple[Tensor, 
     """
     length = key_mask.shape[1]
     steps = length - start
-    positions = (running_sum(key_mask.long()) - 1).clamp(min=0)[:, start:]
+    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:]
     causal = torch.ones(steps, length, dtype=torch.bool, device=key_mask.device)
     causal = causal.tril(diagonal=start)
     allowed = causal[None] & key_mask[:, None, :]

@@ -54,7 +54,9 @@ SPEC = StageSpec(
     ),
     outs=(paths.REPORTS,),
     metrics=(paths.EVAL_METRICS,),
-    headline=("win_rate.gold.*_vs_sft", "gold_sampled", "kl_to_sft"),
+    # each policy's win rate over SFT by the gold judge (the reward model's off the task suite),
+    # gold score and KL to SFT: three columns of `dvc exp show` for one changed RL param
+    headline=("win_rate.gold|rm.*_vs_sft", "gold_sampled", "kl_to_sft"),
     details=paths.details_file("eval"),
     plots=(Plot(paths.EVAL_CURVE, "kl_to_sft", "gold_score"),),
 )

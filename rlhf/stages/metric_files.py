@@ -24,19 +24,27 @@ Metrics = dict[str, Any]
 
 def split(metrics: Metrics, headline: tuple[str, ...]) -> tuple[Metrics, Metrics]:
     """(the headline keys of `metrics`, everything else). A headline key is a dotted path
-    whose last part may be a glob (`win_rate.gold.*_vs_sft`); one the stage did not measure
-    (a judge it was not given) is left out."""
+    whose last part may be a glob and whose other parts may name alternatives, the first
+    measured one taken (`win_rate.gold|rm.*_vs_sft`: the gold judge's, else the reward
+    model's); one the stage did not measure is left out. What the stage wrote stays as it
+    wrote it: only the dicts a move leaves empty are dropped."""
     shown: Metrics = {}
     rest = copy.deepcopy(metrics)
     for key in headline:
         *parents, pattern = key.split(".")
-        source, target = rest, shown
+        path, here = [], rest
         for part in parents:
-            source = source.get(part, {})
-            target = target.setdefault(part, {})
-        for name in fnmatch.filter(list(source), pattern):
-            target[name] = source.pop(name)
-    return _without_empty(shown), _without_empty(rest)
+            name = next((a for a in part.split("|") if isinstance(here.get(a), dict)), None)
+            if name is None:
+                break
+            path.append(name)
+            here = here[name]
+        else:
+            moved = {name: here.pop(name) for name in fnmatch.filter(list(here), pattern)}
+            if moved:
+                _nested(shown, path).update(moved)
+                _prune(rest, path)
+    return shown, rest
 
 
 def merged(headline: Metrics, details: Metrics) -> Metrics:
@@ -65,12 +73,16 @@ def read_metrics(name: str, root: Path = Path()) -> Metrics:
     return whole
 
 
-def _without_empty(tree: Metrics) -> Metrics:
-    kept = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            value = _without_empty(value)
-            if not value:
-                continue
-        kept[key] = value
-    return kept
+def _nested(tree: Metrics, path: list[str]) -> Metrics:
+    """The dict at `path` in `tree`, made where missing."""
+    for name in path:
+        tree = tree.setdefault(name, {})
+    return tree
+
+
+def _prune(tree: Metrics, path: list[str]) -> None:
+    """Drop the dicts along `path` that a move left empty, innermost first."""
+    if path:
+        _prune(tree[path[0]], path[1:])
+        if not tree[path[0]]:
+            del tree[path[0]]
