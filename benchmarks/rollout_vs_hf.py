@@ -78,21 +78,6 @@ def compiled_mode(device: torch.device) -> str:
     return "graph" if device.type == "cuda" else "compiled"
 
 
-def pipeline_generation(
-    model: Backbone,
-    prompts: list[list[int]],
-    end: int,
-    new_tokens: int,
-    greedy: bool = False,
-    mode: str = "eager",
-) -> Generation:
-    """The pipeline's sampler as the RL stages run it: a seeded stream per row."""
-    os.environ["RLHF_DECODE"] = mode
-    config = SamplingConfig(max_new_tokens=new_tokens, greedy=greedy)
-    streams = RowStreams(list(range(len(prompts))))
-    return generate(model, prompts, eos_id=end, pad_id=end, config=config, generator=streams)
-
-
 def pipeline_sampler(
     model: Backbone,
     prompts: list[list[int]],
@@ -100,8 +85,17 @@ def pipeline_sampler(
     new_tokens: int,
     greedy: bool = False,
     mode: str = "eager",
-) -> Callable[[], torch.Tensor]:
-    return lambda: pipeline_generation(model, prompts, end, new_tokens, greedy, mode).tokens
+) -> Callable[[], Generation]:
+    """The pipeline's sampler as the RL stages run it, a seeded stream per row, ready to
+    call (and time)."""
+    config = SamplingConfig(max_new_tokens=new_tokens, greedy=greedy)
+
+    def sample() -> Generation:
+        os.environ["RLHF_DECODE"] = mode
+        streams = RowStreams(list(range(len(prompts))))
+        return generate(model, prompts, eos_id=end, pad_id=end, config=config, generator=streams)
+
+    return sample
 
 
 def compiled_against_eager(
@@ -114,8 +108,8 @@ def compiled_against_eager(
     as a log-prob gap."""
     prompts = random_prompts(16, vocab, seed=2)
     mode = compiled_mode(next(model.parameters()).device)
-    eager = pipeline_generation(model, prompts, end, new_tokens)
-    compiled = pipeline_generation(model, prompts, end, new_tokens, mode=mode)
+    eager = pipeline_sampler(model, prompts, end, new_tokens)()
+    compiled = pipeline_sampler(model, prompts, end, new_tokens, mode=mode)()
     differs = compiled.tokens != eager.tokens  # [B, N]
     before_first = differs.long().cumsum(-1) == 0  # [B, N] up to each row's first difference
     gap = (compiled.logprobs - eager.logprobs).abs()[before_first & eager.mask]
@@ -155,7 +149,7 @@ def same_model_check(ours: Backbone, theirs, vocab: int, end: int) -> dict[str, 
         their_logits = theirs(input_ids=ids, attention_mask=mask, position_ids=positions).logits
     real = mask[..., None].expand_as(our_logits)
     difference = (our_logits - their_logits)[real].abs().max() / their_logits[real].abs().max()
-    greedy_ours = pipeline_sampler(ours, prompts, end, 16, greedy=True)()
+    greedy_ours = pipeline_sampler(ours, prompts, end, 16, greedy=True)().tokens
     greedy_theirs = hf_sampler(theirs, prompts, end, 16, greedy=True)()
     return {
         "max_logit_difference_relative": float(difference),
