@@ -22,11 +22,17 @@ from rich.console import Console
 from rich.table import Table
 
 from rlhf.data.import_formats import FORMATS
-from rlhf.errors import CheckpointError, OptionError, OutputError, PipelineError
+from rlhf.errors import (
+    USER_ERROR,
+    CheckpointError,
+    OptionError,
+    OutputError,
+    PipelineError,
+)
 from rlhf.params import RL_ALGORITHMS, DataParams, describe, load_params, lookup, parse_params
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
-from rlhf.stages.entry import DEBUG_ENV, USER_ERROR, print_error, report_errors
+from rlhf.stages.entry import DEBUG_ENV, print_error, report_errors
 
 # results (tables of answers, scores, params) go to stdout, for pipes; logs, progress and
 # errors go to stderr (`rlhf.stages.common.console`)

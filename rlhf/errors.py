@@ -8,9 +8,20 @@ A traceback is kept for bugs, and for everything when RLHF_DEBUG=1 asks for it.
 
 from __future__ import annotations
 
+# exit statuses, shared by every entry point (`rlhf`, `python -m rlhf.stages.*`) and the
+# data-parallel launcher, which reads its workers' statuses
+USER_ERROR = 2  # a failure the message explains
+PEER_LOST = 3  # a data-parallel worker whose collective broke because another rank died
+RETRY = 75  # EX_TEMPFAIL: stopped from outside (a killed worker); rerunning resumes it
+INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
 
 class PipelineError(Exception):
     """A failure the message alone explains: bad params, bad data, a missing or refused file."""
+
+
+class ParamsError(PipelineError, ValueError):
+    """A params file (or a params value) that does not match the schema."""
 
 
 class StageInterrupted(Exception):

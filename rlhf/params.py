@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import yaml
 
-from rlhf.errors import PipelineError
-from rlhf.eval.judges import invalid as invalid_judges
-from rlhf.prefixed import CHECKPOINT, HF, RULE, argument
+from rlhf import reward_sources
+from rlhf.errors import ParamsError
+from rlhf.reward_sources import JUDGES, LABELER, REWARD
 
 # The largest seed: what every random-number generator the pipeline seeds accepts, with room
 # for the offsets derived from it (seed * 100_003 + epoch must stay a 64-bit integer).
@@ -33,10 +33,6 @@ MAX_SEED = 2**32 - 1
 MAX_INT = 2**31 - 1
 # A number as YAML 1.1 (PyYAML) fails to read one: `1e-3` or `5E4`, without a dot, is text.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-class ParamsError(PipelineError, ValueError):
-    """A params file that does not match the schema."""
 
 
 def spec(
@@ -59,7 +55,6 @@ def spec(
 TASK_FAMILIES = ("greet", "add", "capital", "repeat", "refuse", "uppercase")
 # RL algorithms, each with its own params group of the same name (rlhf/algorithms/rl/registry.py)
 RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
-RULES = ("contains_number", "gold")  # rlhf.algorithms.rules.RULES' names, checked by a test
 # answers one person ranks at once, each named by a letter (rlhf.labeling.ranking.LETTERS,
 # checked by a test; not imported, or every stage would depend on the labeling code)
 MAX_ANSWERS_ON_SCREEN = 26
@@ -507,7 +502,12 @@ class EvaluateParams:
         "`gold`, the task suite's programmatic judge (skipped on prompts from outside the "
         "suite); `rm`, the trained reward model (any prompts, but the proxy the RL policies "
         "optimized, so it flatters them); `hf:DIR`, a reward model trained elsewhere; "
-        "`rule:NAME`, a reward function in rlhf/algorithms/rules.py.",
+        "`rule:NAME`, a reward function in rlhf/algorithms/rules.py. Pairwise judges compare "
+        "two policies' answers to a prompt: `pairwise:rm`, the trained reward model shown both "
+        "(its Bradley-Terry preference; the same numbers as `rm`, through the pairwise path), "
+        "and `pairwise:rule:NAME`, a pairwise rule (`pairwise:rule:shorter`: the shorter "
+        "answer wins, a probe of length bias). The kinds are registered in "
+        "rlhf/reward_sources.py.",
     )
 
     samples: int = spec(
@@ -600,13 +600,26 @@ class Params:
         """The keys whose setting needs the task suite's gold judge, by key: it scores only
         task-suite prompts, so these cannot run on prompts of your own."""
         found = {}
-        if self.collect.source == "policy" and self.collect.labeler == "gold":
-            found["collect.labeler"] = self.collect.labeler
-        if _is_gold_rule(self.rl.reward):
-            found["rl.reward"] = self.rl.reward
-        for judge in filter(_is_gold_rule, self.evaluate.judges):
-            found["evaluate.judges"] = judge
+        if self.collect.source == "policy" and self.labeler().needs_suite:
+            found[LABELER] = self.collect.labeler
+        if self.reward().needs_suite:
+            found[REWARD] = self.rl.reward
+        for spelled, judge in zip(self.evaluate.judges, self.judges(), strict=True):
+            if judge.refused_off_suite:
+                found[JUDGES] = spelled
         return found
+
+    def reward(self) -> reward_sources.Source:
+        """`rl.reward` as a reward source."""
+        return reward_sources.parse(self.rl.reward, REWARD)
+
+    def labeler(self) -> reward_sources.Source:
+        """`collect.labeler` as a reward source."""
+        return reward_sources.parse(self.collect.labeler, LABELER)
+
+    def judges(self) -> list[reward_sources.Source]:
+        """`evaluate.judges` as reward sources, in their order."""
+        return [reward_sources.parse(judge, JUDGES) for judge in self.evaluate.judges]
 
     def answer_lengths(self) -> dict[str, int]:
         """Every answer-length cap by key: each must leave room for a prompt in the context."""
@@ -629,16 +642,8 @@ class Params:
             raise ParamsError(
                 f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"
             )
-        reward = self.rl.reward
-        if reward not in ("rm", "ensemble") and argument(reward, (RULE, HF)) is None:
-            raise ParamsError(
-                f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"
-            )
         labeler = self.collect.labeler
-        if labeler not in ("gold", "human") and argument(labeler, (CHECKPOINT, HF)) is None:
-            raise ParamsError(
-                f"collect.labeler = {labeler!r} is not 'gold', 'human', 'rm:PATH' or 'hf:DIR'"
-            )
+        self.reward(), self.labeler()  # each raises naming its key and what it accepts
         people_rank = self.collect.source == "policy" and labeler == "human"
         if people_rank and self.collect.answers_per_item() > MAX_ANSWERS_ON_SCREEN:
             raise ParamsError(
@@ -647,21 +652,19 @@ class Params:
                 f"{MAX_ANSWERS_ON_SCREEN} letters that name them on screen (and more than a "
                 "person ranks well; InstructGPT's labelers ranked 4 to 9)"
             )
-        unknown_judges = invalid_judges(self.evaluate.judges)
-        if unknown_judges or not self.evaluate.judges:
+        if not self.evaluate.judges:
             raise ParamsError(
-                f"evaluate.judges = {list(self.evaluate.judges)!r}: "
-                + (f"{unknown_judges[0]!r} is not " if unknown_judges else "name at least one of ")
-                + "'gold', 'rm', 'hf:DIR' or 'rule:NAME'"
+                "evaluate.judges = []: name at least one of "
+                + ", ".join(f"'{kind.spelling}'" for kind in reward_sources.accepted(JUDGES))
             )
-        _check_rules({"rl.reward": [reward], "evaluate.judges": list(self.evaluate.judges)})
+        self.judges()
         if self.data.source == "files":
             for key, value in self.gold_judged().items():
                 raise ParamsError(
                     f"{key}: {value!r} needs the task suite's gold judge, which cannot score "
                     f"your own prompts (data.source: files): {GOLD_FIXES[key]}"
                 )
-        if reward == "ensemble" and not self.rl.ensemble:
+        if self.reward().kind.name == "ensemble" and not self.rl.ensemble:
             raise ParamsError("rl.reward = 'ensemble' needs checkpoints in rl.ensemble")
         unknown_rl = sorted(set(self.rl_algorithms) - set(RL_ALGORITHMS))
         if unknown_rl or len(set(self.rl_algorithms)) != len(self.rl_algorithms):
@@ -681,23 +684,6 @@ class Params:
                 f"data.tasks = {list(self.data.tasks)!r} must be a non-empty list of "
                 f"{', '.join(TASK_FAMILIES)}"
             )
-
-
-def _is_gold_rule(value: str) -> bool:
-    """`rule:gold`, however spaced (`rule: gold` names the same rule)."""
-    return argument(value, (RULE,)) == "gold"
-
-
-def _check_rules(named: dict[str, list[str]]) -> None:
-    """Every `rule:NAME` under these keys names a registered rule."""
-    for key, values in named.items():
-        for value in values:
-            rule = argument(value, (RULE,))
-            if rule is not None and rule not in RULES:
-                raise ParamsError(
-                    f"{key}: {value!r} names no rule; the rules are "
-                    + ", ".join(f"'rule:{name}'" for name in RULES)
-                )
 
 
 def _describe_type(hint: Any) -> str:

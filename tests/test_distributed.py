@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlhf.errors import PEER_LOST, RETRY, USER_ERROR
 from rlhf.models import checkpoint
-from rlhf.stages.entry import PEER_LOST, RETRY, USER_ERROR
 from rlhf.stages.launch import WorkerFailed, worker_failure
 from rlhf.train.distributed import World
 

@@ -153,9 +153,10 @@ def test_a_failed_report_leaves_the_previous_outputs(trained_project, tmp_path, 
 
 
 def test_prompts_without_a_gold_judge_are_judged_by_the_others(trained_project, tmp_path):
-    """Off the task suite the gold judge steps aside; the reward model and a rule still give
-    win rates with intervals, each under its own name."""
-    judges = ["gold", "rm", "rule:contains_number"]
+    """Off the task suite the gold judge steps aside; the reward model, a rule and two
+    pairwise judges still give win rates with intervals, each under its own name: the reward
+    model shown both answers (`pairwise:rm`) gives exactly the reward model's numbers."""
+    judges = ["gold", "rm", "rule:contains_number", "pairwise:rm", "pairwise:rule:shorter"]
     project = make_project(tmp_path / "p", {"evaluate.judges": judges})
     for part in ("data", "artifacts", "metrics", "dvclive"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
@@ -168,8 +169,13 @@ def test_prompts_without_a_gold_judge_are_judged_by_the_others(trained_project, 
     assert set(metrics["rm_sampled"]) == POLICIES
     assert set(metrics["win_rate"]) == set(metrics["win_rate_ci95"]) == set(judges[1:])
     assert set(metrics["win_rate"]["rule:contains_number"]) == PAIRS
+    rate_keys = ("win_rate", "win_rate_ci95", "win_rate_decisive", "tie_rate", "win_rate_greedy")
+    for key in rate_keys:
+        assert metrics[key]["pairwise:rm"] == metrics[key]["rm"], key
+        assert set(metrics[key]["pairwise:rule:shorter"]) == PAIRS
     text = (project / "reports" / "eval.md").read_text()
     assert "**Judged by `rule:contains_number`**, the reward function contains_number" in text
+    assert "**Judged by `pairwise:rule:shorter`**, the pairwise rule shorter" in text
     assert (project / "reports" / "figures" / "win_rates_rule_contains_number.png").is_file()
     text = (project / "reports" / "eval.md").read_text()
     assert "no gold judge" in text

@@ -45,3 +45,29 @@ def test_stages_are_thin_io_around_library_calls():
         for node in ast.parse(file.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name == "run":
                 assert node.end_lineno - node.lineno < 55, f"{file.name}: run() is long"
+
+
+def imports() -> dict[str, set[str]]:
+    """By module, the project's modules it imports (lazy imports too; not itself)."""
+    found = modules()
+    return {
+        module: {name for name in imported_modules(file, module) if name in found} - {module}
+        for module, file in found.items()
+    }
+
+
+def test_no_two_modules_import_each_other():
+    graph = imports()
+    mutual = sorted((a, b) for a, names in graph.items() for b in names if a < b and a in graph[b])
+    assert not mutual, f"these modules import each other: {mutual}"
+
+
+def test_params_imports_nothing_from_the_library_above_it():
+    """params is read by every stage: what it imports, every stage depends on (dvc.yaml), so
+    it validates judges by the light registry in reward_sources, not through eval/."""
+    above = {
+        name
+        for name in imports()["rlhf.params"]
+        if name.startswith(("rlhf.eval", "rlhf.algorithms", "rlhf.models"))
+    }
+    assert not above, f"rlhf.params imports {sorted(above)}"

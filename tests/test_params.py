@@ -3,9 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.algorithms.rules import RULES as registered_rules
 from rlhf.params import (
-    RULES,
     Params,
     ParamsError,
     describe,
@@ -141,10 +139,6 @@ def test_what_a_late_stage_would_refuse_is_refused_by_the_params_check():
     assert parse_params({"collect": {"k": 20, "explore": 4}}).collect.answers_per_item() == 27
     unused = {"labeler": "human", "source": "files", "k": 20, "explore": 7}  # imported, not ranked
     assert parse_params({"collect": unused})
-
-
-def test_the_rule_names_params_checks_are_the_registered_rules():
-    assert tuple(registered_rules) == RULES
 
 
 def test_the_gold_judge_on_your_own_prompts_is_refused_before_any_stage_runs():

@@ -12,7 +12,7 @@ from rlhf.algorithms.reward_model import score
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import RLTrainer
 from rlhf.algorithms.rules import contains_number
-from rlhf.algorithms.scorers import RuleScorer, make_scorer
+from rlhf.algorithms.scorers import RuleScorer, ScoringContext, build
 from rlhf.algorithms.transformers_scorer import TransformersRewardScorer
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.data.tokenizer import load_tokenizer
@@ -22,6 +22,7 @@ from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT
 from rlhf.models.lora import adapters, adapters_off, add_adapters, merged_model
 from rlhf.params import RL_ALGORITHMS, CriticParams, DataParams, Params, ParamsError, RLParams
+from rlhf.reward_sources import parse
 from rlhf.stages.metric_files import read_metrics
 from rlhf.synthetic.datasets import synthetic_sets
 from rlhf.train.curves import read_curve
@@ -321,16 +322,21 @@ def test_a_shared_critic_is_a_value_head_trained_on_the_policy(trained_project):
     assert not torch.equal(trainer.policy.value_head.weight, head)
 
 
+def reward_source(spelled: str, tokenizer, device, rm, **context):
+    """The scorer `rl.reward: spelled` builds."""
+    return build(parse(spelled, "rl.reward"), ScoringContext(tokenizer, device, rm, **context))
+
+
 def test_reward_sources(trained_project, tmp_path):
     tokenizer = load_tokenizer(trained_project / "artifacts" / "tokenizer")
     rm = trained_project / "artifacts" / "rm" / "model.pt"
     device = torch.device("cpu")
     prompts, answers = ["Greet Bob.", "What is 2 plus 3?"], ["Hello, Bob!", "2 + 3 = 5."]
-    rule = make_scorer("rule:contains_number", tokenizer, device, rm)
+    rule = reward_source("rule:contains_number", tokenizer, device, rm)
     assert rule(prompts, answers).tolist() == [0.0, 1.0]
-    gold = make_scorer("rule:gold", tokenizer, device, rm)
+    gold = reward_source("rule:gold", tokenizer, device, rm)
     assert gold(prompts, answers).tolist() == [1.0, 1.0]
-    single = make_scorer("rm", tokenizer, device, rm)(prompts, answers)
+    single = reward_source("rm", tokenizer, device, rm)(prompts, answers)
     # the RM with its mirror image (rewards negated) as the ensemble: the default `min` takes
     # the lower of each pair, `mean` cancels them
     payload = torch.load(rm, weights_only=True)
@@ -338,15 +344,17 @@ def test_reward_sources(trained_project, tmp_path):
         payload["model"][key] = -payload["model"][key]
     mirrored = tmp_path / "mirrored.pt"
     torch.save(payload, mirrored)
-    lowest = make_scorer("ensemble", tokenizer, device, rm, ensemble=[mirrored])
+    lowest = reward_source("ensemble", tokenizer, device, rm, ensemble=[mirrored])
     torch.testing.assert_close(lowest(prompts, answers), -single.abs())
-    mean = make_scorer("ensemble", tokenizer, device, rm, ensemble=[mirrored], reduce="mean")
+    mean = reward_source(
+        "ensemble", tokenizer, device, rm, ensemble=[mirrored], ensemble_reduce="mean"
+    )
     torch.testing.assert_close(mean(prompts, answers), torch.zeros_like(single), atol=1e-6, rtol=0)
     model, payload = checkpoint.load_model(rm, tokenizer)
     raw = score(model, tokenizer, prompts, answers, pooling=payload["pooling"])
     torch.testing.assert_close(single, raw / payload["reward_std"])  # normalized by the std
-    with pytest.raises(ParamsError, match=r"rl.reward = 'rule:nope'.*'rule:contains_number'"):
-        make_scorer("rule:nope", tokenizer, device, rm)
+    with pytest.raises(ParamsError, match=r"'rule:nope' names no rule.*'rule:contains_n"):
+        reward_source("rule:nope", tokenizer, device, rm)
 
 
 def deberta_folder(folder, num_labels: int = 1):
@@ -396,7 +404,7 @@ def test_a_reward_model_of_another_family_scores_through_transformers(deberta, t
     folder, model = deberta
     tokenizer = load_tokenizer(trained_project / "artifacts" / "tokenizer")
     rm = trained_project / "artifacts" / "rm" / "model.pt"
-    scorer = make_scorer(f"hf:{folder}", tokenizer, torch.device("cpu"), rm)
+    scorer = reward_source(f"hf:{folder}", tokenizer, torch.device("cpu"), rm)
     assert isinstance(scorer, TransformersRewardScorer)
     prompts = ["What is 2 plus 3?", "Greet Bob.", "Repeat: a b c"]
     answers = ["2 + 3 = 5.", "Hello, Bob! Nice to meet you today, my friend.", "a b c"]
@@ -456,12 +464,12 @@ def test_an_external_reward_model_names_what_it_lacks(tmp_path, monkeypatch):
     cpu = torch.device("cpu")
     folder, _ = deberta_folder(tmp_path / "two-labels", num_labels=2)
     with pytest.raises(CheckpointError, match=r"two-labels: a reward model has one output.*2"):
-        make_scorer(f"hf:{folder}", None, cpu, "unused.pt")
+        reward_source(f"hf:{folder}", None, cpu, "unused.pt")
     with pytest.raises(CheckpointError, match=r"nowhere: no config.json"):
-        make_scorer(f"hf:{tmp_path / 'nowhere'}", None, cpu, "unused.pt")
+        reward_source(f"hf:{tmp_path / 'nowhere'}", None, cpu, "unused.pt")
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if the extra were missing
     with pytest.raises(PipelineError, match=r"two-labels: its 'deberta-v2' reward model .*\[hf\]"):
-        make_scorer(f"hf:{folder}", None, cpu, "unused.pt")
+        reward_source(f"hf:{folder}", None, cpu, "unused.pt")
 
 
 def test_the_registry_and_the_params_groups_agree():

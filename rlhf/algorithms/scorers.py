@@ -1,29 +1,32 @@
-"""Sequence-level reward sources for RL: a reward model, one trained elsewhere, a rule, or an
-ensemble of RMs.
+"""Building the scorers of reward sources and judges: one builder per kind of
+`rlhf.reward_sources.KINDS` (the RL reward, collect's labeler, the evaluation's judges).
 
-Every source maps (prompts, responses) text to one score per response. Scoring text rather
-than the policy's token ids means a reward model sees exactly the tokenization it was trained
-on, and rules and models share one interface.
+A single-answer scorer maps (prompts, responses) text to one score per response; a pairwise
+judge maps (prompts, first answers, second answers) to one verdict per pair: 1 where the first
+is better, 0 where the second is, 0.5 for a tie. Scoring text rather than the policy's token
+ids means a reward model sees exactly the tokenization it was trained on, and rules and models
+share one interface.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from rlhf.algorithms.reward_model import score
-from rlhf.algorithms.rules import RULES
+from rlhf.algorithms.rules import PAIR_RULES, RULES
 from rlhf.data.tokenizer import Tokenizer, pretrained_tokenizer
 from rlhf.models import checkpoint, hf
 from rlhf.models.backbone import Backbone, freeze
-from rlhf.params import ParamsError
-from rlhf.prefixed import HF, RULE, argument
+from rlhf.reward_sources import Source
 
-Scorer = Callable[[Sequence[str], Sequence[str]], Tensor]
+Scorer = Callable[[Sequence[str], Sequence[str]], Tensor]  # prompts, answers -> [B] scores
+# prompts, first answers, second answers -> [B] verdicts in {0, 0.5, 1}
+PairJudge = Callable[[Sequence[str], Sequence[str], Sequence[str]], Tensor]
 
 
 @dataclass
@@ -129,28 +132,78 @@ def external_scorer(folder: Path, device: torch.device, bf16: bool = False) -> S
     return TransformersRewardScorer.load(folder, str(model_type), device, bf16)
 
 
-def make_scorer(
-    reward: str,
-    tokenizer: Tokenizer,
-    device: torch.device,
-    rm_path: str | Path,
-    ensemble: Sequence[str | Path] = (),
-    reduce: str = "min",
-    frozen_bf16: bool = False,
-) -> Scorer:
-    """The reward source `rl.reward` names: `rm`, `hf:DIR`, `rule:NAME` or `ensemble`;
-    `frozen_bf16` loads an external reward model in bfloat16 on CUDA."""
-    if (folder := argument(reward, (HF,))) is not None:
-        return external_scorer(Path(folder), device, frozen_bf16)
-    if reward == "rm":
-        return RewardModelScorer.load(rm_path, tokenizer, device)
-    if reward == "ensemble":
-        paths = [rm_path, *ensemble]
-        return EnsembleScorer([RewardModelScorer.load(p, tokenizer, device) for p in paths], reduce)
-    name = argument(reward, (RULE,))
-    if name not in RULES:
-        raise ParamsError(
-            f"rl.reward = {reward!r} is not 'rm', 'hf:DIR', 'ensemble' or one of "
-            + ", ".join(f"'rule:{n}'" for n in RULES)
-        )
-    return RuleScorer(RULES[name])
+@dataclass
+class PreferenceJudge:
+    """A single-answer scorer used pairwise: the first answer wins where it scores higher.
+
+    For a reward model this is its own Bradley-Terry preference, P(first > second) =
+    sigmoid(r_first - r_second), decided at 1/2. Each side is scored in its own call, so a
+    reward model batches each policy's answers as it does when it scores them alone, and the
+    verdicts agree exactly with the single-answer win rates.
+    """
+
+    scorer: Scorer
+
+    def __call__(
+        self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]
+    ) -> Tensor:
+        a, b = self.scorer(prompts, first), self.scorer(prompts, second)  # [B] each
+        return (torch.sign(a - b).float() + 1) / 2
+
+
+@dataclass
+class PairRuleJudge:
+    rule: Callable[[str, str, str], float]
+
+    def __call__(
+        self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]
+    ) -> Tensor:
+        triples = zip(prompts, first, second, strict=True)
+        return torch.tensor([self.rule(p, a, b) for p, a, b in triples], dtype=torch.float32)
+
+
+@dataclass
+class ScoringContext:
+    """What a builder reads besides its source's argument. The pipeline's reward model is
+    loaded once, however many sources use it (`rm`, `ensemble`, `pairwise:rm`)."""
+
+    tokenizer: Tokenizer
+    device: torch.device
+    reward_model_path: Path  # the reward model the pipeline trained
+    ensemble: Sequence[str | Path] = ()  # rl.ensemble's further checkpoints
+    ensemble_reduce: str = "min"
+    frozen_bf16: bool = False  # external reward models in bfloat16 on CUDA
+    _reward_model: RewardModelScorer | None = field(default=None, repr=False)
+
+    def reward_model(self) -> RewardModelScorer:
+        if self._reward_model is None:
+            self._reward_model = RewardModelScorer.load(
+                self.reward_model_path, self.tokenizer, self.device
+            )
+        return self._reward_model
+
+    def checkpoint(self, path: str | Path) -> RewardModelScorer:
+        return RewardModelScorer.load(path, self.tokenizer, self.device)
+
+
+def _ensemble(source: Source, context: ScoringContext) -> Scorer:
+    members = [context.reward_model(), *map(context.checkpoint, context.ensemble)]
+    return EnsembleScorer(members, context.ensemble_reduce)
+
+
+# by rlhf.reward_sources kind: what scores for it (a test ties the two tables); the gold judge
+# is the task suite's own (`gold_score`) and `human` is people, so neither has a builder
+BUILDERS: dict[str, Callable[[Source, ScoringContext], Scorer | PairJudge]] = {
+    "rm": lambda source, context: context.reward_model(),
+    "checkpoint": lambda source, context: context.checkpoint(source.argument),
+    "hf": lambda source, context: external_scorer(source.path, context.device, context.frozen_bf16),
+    "ensemble": _ensemble,
+    "rule": lambda source, context: RuleScorer(RULES[source.argument]),
+    "pairwise_rm": lambda source, context: PreferenceJudge(context.reward_model()),
+    "pairwise_rule": lambda source, context: PairRuleJudge(PAIR_RULES[source.argument]),
+}
+
+
+def build(source: Source, context: ScoringContext) -> Scorer | PairJudge:
+    """The scorer (or, for a pairwise source, the judge) that `source` names."""
+    return BUILDERS[source.kind.name](source, context)

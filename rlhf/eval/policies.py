@@ -16,9 +16,9 @@ import torch
 
 from rlhf.data.tokenizer import Tokenizer
 from rlhf.eval.gold import gold_summary, has_judge
-from rlhf.eval.judges import GOLD, REWARD_MODEL
 from rlhf.eval.win_rates import compare
 from rlhf.models.backbone import Backbone
+from rlhf.reward_sources import GOLD, REWARD_MODEL
 from rlhf.sampling.forward import response_forward
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
@@ -97,6 +97,7 @@ class ScoredAnswers:
     """One policy's answers to the evaluation prompts, with what was measured on each."""
 
     prompt_index: list[int]  # which evaluation prompt each answer answers
+    prompts: list[str]  # that prompt
     tasks: list[str]
     responses: list[str]
     gold: list[float] | None  # None when the prompts have no gold judge
@@ -159,6 +160,7 @@ def score_policy(
     pairs = zip(samples.prompts, responses, strict=True)
     return ScoredAnswers(
         prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
+        prompts=samples.prompts,
         tasks=[t for t in tasks for _ in range(n)],
         responses=responses,
         gold=None if judge is None else [judge(p, r) for p, r in pairs],

@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf.eval import judges, plots
+from rlhf.eval import plots
 from rlhf.eval.win_rates import WinRate
+from rlhf.reward_sources import JUDGES, parse
 
 Rows = Sequence[Mapping[str, Any]]
 REPORT_FILE = "eval.md"
@@ -28,6 +29,11 @@ ROW_LABELS = {
     "response_length": "answer length (tokens)",
     "end_token_rate": "answers that end",
 }
+
+
+def slug(judge: str) -> str:
+    """A judge's name as a file name part."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in judge).strip("_")
 
 
 def _cell(value: Any) -> str:
@@ -181,7 +187,7 @@ def render(
             "",
         ]
         for judge in metrics["win_rate"]:
-            lines += [f"**Judged by `{judge}`**, {judges.describe(judge)}:", ""]
+            lines += [f"**Judged by `{judge}`**, {parse(judge, JUDGES).describe()}:", ""]
             lines += win_rates_table(metrics, judge)
     signs = warning_signs(metrics, curves, policies)
     lines += ["## Warning signs", ""]
@@ -249,7 +255,7 @@ def write(
     for judge, by_pair in rates.items():
         figure(
             f"Win rates judged by {judge}",
-            f"win_rates_{judges.slug(judge)}",
+            f"win_rates_{slug(judge)}",
             lambda path, by_pair=by_pair, judge=judge: plots.win_rates(path, by_pair, judge),
         )
     if "gold_sampled" in metrics:

@@ -9,10 +9,13 @@ with `win_rate_ci95`, `win_rate_decisive` with `win_rate_decisive_ci95`, `tie_ra
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhf.eval.policies import ScoredAnswers
-from rlhf.eval.win_rates import WinRate, compare
+from rlhf.eval.win_rates import WinRate, compare_outcomes, outcomes
+
+if TYPE_CHECKING:
+    from rlhf.algorithms.scorers import PairJudge
 
 # metric key -> (which answers, which of their measures)
 MEASURES = {
@@ -30,9 +33,15 @@ HEADLINE = (
 
 
 def win_rates(
-    answers: Mapping[str, ScoredAnswers], judges: Sequence[str], resamples: int, seed: int
+    answers: Mapping[str, ScoredAnswers],
+    judges: Sequence[str],
+    resamples: int,
+    seed: int,
+    pairwise: Mapping[str, PairJudge] | None = None,
 ) -> dict[str, dict[str, WinRate]]:
-    """By judge, the win rate of every later policy over every earlier one (`ppo_vs_sft`)."""
+    """By judge, the win rate of every later policy over every earlier one (`ppo_vs_sft`):
+    from each answer's score by the judge, or for a judge in `pairwise`, from its verdict on
+    the two answers."""
     names = list(answers)
     rates: dict[str, dict[str, WinRate]] = {}
     for judge in judges:
@@ -40,10 +49,13 @@ def win_rates(
         for i, baseline in enumerate(names):
             for name in names[i + 1 :]:
                 a, b = answers[name], answers[baseline]
-                rates[judge][f"{name}_vs_{baseline}"] = compare(
-                    a.judged_by(judge), b.judged_by(judge), a.prompt_index, resamples=resamples,
-                    seed=seed,
-                )  # fmt: skip
+                if pairwise and judge in pairwise:
+                    wins = pairwise[judge](a.prompts, a.responses, b.responses).tolist()
+                else:
+                    wins = outcomes(a.judged_by(judge), b.judged_by(judge))
+                rates[judge][f"{name}_vs_{baseline}"] = compare_outcomes(
+                    wins, a.prompt_index, resamples=resamples, seed=seed
+                )
     return rates
 
 

@@ -84,7 +84,18 @@ def compare(
 ) -> WinRate:
     """Win rate of `scores` over `baseline` (ties half, and decisive), with 95% intervals over
     the prompts in `groups`; both intervals use the same resampled prompts."""
-    wins = outcomes(scores, baseline)
+    return compare_outcomes(outcomes(scores, baseline), groups, resamples=resamples, seed=seed)
+
+
+def compare_outcomes(
+    wins: Sequence[float], groups: Sequence[int], *, resamples: int, seed: int
+) -> WinRate:
+    """The win rate of pairs whose outcomes are given (1 a win, 0.5 a tie, 0 a loss: a
+    pairwise judge's verdicts), as `compare` reports it."""
+    if not wins:
+        raise ValueError("win rate of an empty set is undefined")
+    if not set(wins) <= {0.0, 0.5, 1.0}:
+        raise ValueError(f"outcomes must be 0, 0.5 or 1, got {sorted(set(wins) - {0, 0.5, 1})}")
     low, high = bootstrap_interval(wins, groups, resamples=resamples, seed=seed)
     assert low is not None and high is not None
     decided = [float(w != 0.5) for w in wins]

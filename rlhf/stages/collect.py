@@ -16,7 +16,6 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from rlhf.algorithms.scorers import RewardModelScorer, external_scorer
 from rlhf.data.schemas import (
     COMPARISON_SCHEMA,
     PROMPT_SCHEMA,
@@ -37,13 +36,13 @@ from rlhf.labeling.queue import (
     waiting_items,
     write_queue,
 )
-from rlhf.prefixed import HF
 from rlhf.stages import paths
 from rlhf.stages.common import file_digest, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
-from rlhf.stages.folders import HUMAN_LABELER, labeler_path, require_tracked
+from rlhf.stages.folders import require_tracked
 from rlhf.stages.outputs import published, write_metrics, write_timings
+from rlhf.stages.scoring import build_tracked, scoring_context
 from rlhf.stages.specs import StageSpec
 from rlhf.synthetic.collection import (
     BatchScore,
@@ -76,14 +75,10 @@ class LabelsWaiting(PipelineError):
 
 def labeler_score(stage: StageRun) -> BatchScore:
     """`collect.labeler` as a batched score: the gold judge, or a reward model's score."""
-    path = labeler_path(stage.params)
-    if path is None:
+    labeler = stage.params.labeler()
+    if labeler.needs_suite:
         return gold_scores
-    require_tracked(SPEC.name, path, "collect.labeler")
-    if stage.params.collect.labeler.startswith(HF):
-        scorer = external_scorer(path, stage.device, stage.frozen_bf16)
-    else:
-        scorer = RewardModelScorer.load(path, stage.tokenizer, stage.device)
+    scorer = build_tracked(stage, labeler, "collect.labeler", scoring_context(stage))
     return lambda prompts, answers: scorer(prompts, answers).tolist()
 
 
@@ -196,7 +191,8 @@ def run() -> dict[str, Any]:
     if c.source == "files":
         collected = imported_comparisons
     else:
-        collected = human_comparisons if c.labeler == HUMAN_LABELER else sampled_comparisons
+        people = stage.params.labeler().kind.reads == "labels"
+        collected = human_comparisons if people else sampled_comparisons
     train, val, stats = collected(stage)
     metrics = {
         "prompts": len(train) + len(val),

@@ -19,15 +19,19 @@ from typing import NoReturn
 
 from rich.text import Text
 
-from rlhf.errors import PipelineError, StageInterrupted
+from rlhf.errors import (
+    INTERRUPTED,
+    PEER_LOST,
+    RETRY,
+    USER_ERROR,
+    PipelineError,
+    StageInterrupted,
+)
+from rlhf.stages import launch
 from rlhf.stages.common import console
 from rlhf.stages.outputs import release_stages
 
 DEBUG_ENV = "RLHF_DEBUG"
-USER_ERROR = 2  # exit status of a failure the message explains
-INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-PEER_LOST = 3  # a data-parallel worker whose collective broke because another rank died
-RETRY = 75  # EX_TEMPFAIL: stopped from outside (a killed worker); rerunning resumes it
 ERROR_PREFIX = "error: "  # what the Prefect task looks for in a stage's output: do not retry
 FAILED_PREFIX = "failed: "  # a failure a rerun resumes from: the task retries
 # where a failure inside a collective surfaces: torch.distributed, DDP's wrapper and reducer
@@ -76,18 +80,13 @@ def lost_peer(exc: BaseException) -> bool:
     return False
 
 
-def is_worker() -> bool:
-    """Whether torchrun (or the stage launcher) started this process as one of its workers."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
-
-
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM (`kill`, `docker stop`, a scheduler cancelling) ends the run as Ctrl-C does:
     the error line, and the resume state kept for the next run, rather than a silent exit
     143. Only the main thread can take signals; elsewhere, and in a data-parallel worker
     (which its launcher stops with SIGTERM when another fails), the default stays."""
-    if threading.current_thread() is not threading.main_thread() or is_worker():
+    if threading.current_thread() is not threading.main_thread() or launch.is_worker():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -135,8 +134,6 @@ def main(run: Callable[[], object], *, data_parallel: bool = False) -> None:
     `data_parallel` stage asked for more than one process (`RLHF_NPROC`) runs as that many
     torchrun workers of this same command instead (`rlhf.stages.launch`)."""
     if data_parallel:
-        from rlhf.stages import launch
-
         spec = sys.modules["__main__"].__spec__  # None when run as a file, not with -m
         module = spec.name if spec else None
         sys.exit(report_errors(lambda: launch.run_stage(run, module, sys.argv[1:])))

@@ -18,24 +18,24 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from rlhf.algorithms.scorers import RewardModelScorer, Scorer, make_scorer
+from rlhf.algorithms.scorers import PairJudge, Scorer, ScoringContext
 from rlhf.atomic import write_csv
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.eval import report
 from rlhf.eval.gold import has_judge
-from rlhf.eval.judges import GOLD, GOLD_RULE, REWARD_MODEL, applicable
 from rlhf.eval.policies import ScoredAnswers, score_policy
 from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
 from rlhf.models import checkpoint
 from rlhf.models.backbone import freeze
 from rlhf.params import ParamsError
+from rlhf.reward_sources import GOLD, JUDGES, REWARD_MODEL, applicable, parse
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages import paths
 from rlhf.stages.common import console, progress
 from rlhf.stages.context import StageRun
 from rlhf.stages.entry import main
-from rlhf.stages.folders import named_path, require_tracked
 from rlhf.stages.outputs import published, write_metrics
+from rlhf.stages.scoring import build_tracked, scoring_context
 from rlhf.stages.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
@@ -99,20 +99,21 @@ def evaluate_all(
     return answers, curves
 
 
-def other_judges(stage: StageRun, judges: list[str]) -> dict[str, Scorer]:
-    """The judges besides the gold judge and the trained reward model: `hf:DIR` reward
-    models (folders dvc.yaml must track) and `rule:NAME` functions."""
-    found = {}
-    for judge in judges:
-        if judge in (GOLD, REWARD_MODEL):
-            continue
-        folder = named_path(judge)
-        if folder is not None:
-            require_tracked(SPEC.name, folder, "evaluate.judges")
-        found[judge] = make_scorer(
-            judge, stage.tokenizer, stage.device, paths.RM_MODEL, frozen_bf16=stage.frozen_bf16
-        )
-    return found
+def other_judges(
+    stage: StageRun, judges: list[str], context: ScoringContext
+) -> tuple[dict[str, Scorer], dict[str, PairJudge]]:
+    """By name, the judges besides the gold judge and the trained reward model (which measure
+    every answer anyway): those that score each answer (`hf:DIR` reward models, whose folders
+    dvc.yaml must track, and `rule:NAME` functions), and the pairwise ones, which compare two
+    policies' answers."""
+    single: dict[str, Scorer] = {}
+    pairwise: dict[str, PairJudge] = {}
+    for name in judges:
+        judge = parse(name, JUDGES)
+        if judge.kind.name not in (GOLD, REWARD_MODEL):
+            built = build_tracked(stage, judge, JUDGES, context)
+            (pairwise if judge.pairwise else single)[name] = built  # type: ignore[index]
+    return single, pairwise
 
 
 def run() -> dict[str, float]:
@@ -121,27 +122,30 @@ def run() -> dict[str, float]:
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
     synthetic = has_judge(heldout)
-    if not synthetic and GOLD_RULE in cfg.judges:
-        raise ParamsError(
-            f"evaluate.judges names {GOLD_RULE!r}, the task suite's judge, but the held-out "
-            f"prompts in {paths.PROMPTS_HELDOUT} are not from the task suite: remove it"
-        )
+    for name in cfg.judges if not synthetic else ():
+        if parse(name, JUDGES).refused_off_suite:
+            raise ParamsError(
+                f"evaluate.judges names {name!r}, the task suite's judge, but the held-out "
+                f"prompts in {paths.PROMPTS_HELDOUT} are not from the task suite: remove it"
+            )
     judges = applicable(cfg.judges, synthetic)
     # the policy under evaluation, SFT as the KL reference, the reward model and any reward
     # model folders among the judges (counted at the policy's size), at once
-    folders = sum(named_path(judge) is not None for judge in judges)
+    folders = sum(parse(judge, JUDGES).path is not None for judge in judges)
     workload = stage.workload(trained=0, frozen=3 + folders, sampled=cfg.batch_size)
     stage.preflight(paths.SFT_MODEL, workload)
     sft = stage.load_frozen(paths.SFT_MODEL)
-    scorer = RewardModelScorer.load(paths.RM_MODEL, stage.tokenizer, stage.device)
+    context = scoring_context(stage)
+    single, pairwise = other_judges(stage, judges, context)
     evaluate = functools.partial(
         score_policy, tokenizer=stage.tokenizer, prompts=prompts, tasks=tasks, reference=sft,
-        scorer=scorer, judge=gold_score if synthetic else None, seed=p.seed,
-        batch_size=cfg.batch_size, other_judges=other_judges(stage, judges),
+        scorer=context.reward_model(), judge=gold_score if synthetic else None, seed=p.seed,
+        batch_size=cfg.batch_size, other_judges=single,
     )  # fmt: skip
     answers, curves = evaluate_all(stage, evaluate, ["sft", *p.rl_algorithms, "dpo"])
-    rates = win_rates(answers["sampled"], judges, cfg.bootstrap_resamples, p.seed)
-    greedy_rates = win_rates(answers["greedy"], judges, cfg.bootstrap_resamples, p.seed)
+    judged = dict(judges=judges, pairwise=pairwise, resamples=cfg.bootstrap_resamples, seed=p.seed)
+    rates = win_rates(answers["sampled"], **judged)
+    greedy_rates = win_rates(answers["greedy"], **judged)
     metrics = {
         "prompts": len(prompts),
         "samples_per_prompt": cfg.samples,

@@ -16,11 +16,9 @@ from pathlib import Path
 import yaml
 
 from rlhf.params import Params, ParamsError
-from rlhf.prefixed import CHECKPOINT, HF, argument
 from rlhf.stages import paths
 
 DVC_FILE = Path("dvc.yaml")
-HUMAN_LABELER = "human"
 
 
 def init_folder(params: Params) -> Path | None:
@@ -28,34 +26,22 @@ def init_folder(params: Params) -> Path | None:
     return None if params.model.init == "scratch" else Path(params.model.init)
 
 
-def named_path(value: str, prefixes: tuple[str, ...] = (HF,)) -> Path | None:
-    """The file or folder a params value `hf:DIR` (or another of `prefixes`) names, if any."""
-    name = argument(value, prefixes)
-    return None if name is None else Path(name)
-
-
-def reward_folder(params: Params) -> Path | None:
-    """The external reward model's folder `rl.reward: hf:DIR` names, if it names one."""
-    return named_path(params.rl.reward)
-
-
 def labeler_path(params: Params) -> Path | None:
     """What `collect.labeler` reads: the reward model `rm:PATH | hf:DIR` names, or for
     `human` the folder of people's labels."""
-    labeler = params.collect.labeler
-    return paths.LABELS if labeler == HUMAN_LABELER else named_path(labeler, (CHECKPOINT, HF))
+    labeler = params.labeler()
+    return paths.LABELS if labeler.kind.reads == "labels" else labeler.path
 
 
 def tracked_folders(params: Params) -> dict[str, tuple[Path, ...]]:
     """By dvc.yaml stage name, the folders (or checkpoint files) of this kind it reads."""
-    init, reward = init_folder(params), reward_folder(params)
-    judges = tuple(named_path(j) for j in params.evaluate.judges)
+    init = init_folder(params)
     reads = {
         "tokenizer": (init,),
         "sft": (init,),
         "collect": (labeler_path(params),),
-        "rl": (reward,),
-        "evaluate": judges,
+        "rl": (params.reward().path,),
+        "evaluate": tuple(judge.path for judge in params.judges()),
     }
     return {stage: tuple(f for f in folders if f) for stage, folders in reads.items()}
 
@@ -86,7 +72,7 @@ def create_labels_folder(params: Params) -> bool:
     """For `collect.labeler: human`, create the labels folder dvc.yaml lists among collect's
     deps (with a README, so git keeps it before the first label): DVC refuses to run a stage
     whose dep is missing. True when it was created."""
-    if params.collect.labeler != HUMAN_LABELER or paths.LABELS.exists():
+    if params.labeler().kind.reads != "labels" or paths.LABELS.exists():
         return False
     paths.LABELS.mkdir(parents=True)
     (paths.LABELS / "README.md").write_text(LABELS_README)

@@ -18,11 +18,15 @@ import sys
 import uuid
 from collections.abc import Callable
 
-from rlhf.errors import PipelineError, StageInterrupted
-from rlhf.stages.entry import PEER_LOST, USER_ERROR, is_worker
+from rlhf.errors import PEER_LOST, USER_ERROR, PipelineError, StageInterrupted
 
 NPROC_ENV = "RLHF_NPROC"
 MONITOR_INTERVAL_S = 0.5  # how often the agent checks its workers
+
+
+def is_worker() -> bool:
+    """Whether torchrun (or the stage launcher) started this process as one of its workers."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
 
 
 def processes_requested() -> int:

@@ -1,0 +1,125 @@
+"""The registry of reward sources and judges: what each params key accepts, how a value is
+read, and that every kind builds what scores for it."""
+
+import pytest
+import torch
+
+from rlhf import reward_sources
+from rlhf.algorithms.rules import PAIR_RULES, RULES, shorter
+from rlhf.algorithms.scorers import BUILDERS, PairRuleJudge, PreferenceJudge
+from rlhf.eval.policies import ScoredAnswers
+from rlhf.eval.summary import win_rates
+from rlhf.eval.win_rates import compare_outcomes
+from rlhf.params import ParamsError, parse_params
+from rlhf.reward_sources import JUDGES, KINDS, LABELER, REWARD, parse
+
+
+def test_every_kind_but_the_gold_judge_and_people_has_a_builder():
+    """A new kind without a builder would pass params and fail the stage that scores."""
+    assert set(BUILDERS) == set(KINDS) - {"gold", "human"}
+    assert tuple(RULES) == reward_sources.RULES
+    assert tuple(PAIR_RULES) == reward_sources.PAIR_RULES
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "kind", "argument"),
+    [
+        ("rm", REWARD, "rm", None),
+        ("hf: models/rm", REWARD, "hf", "models/rm"),
+        ("hf:C:/weights", JUDGES, "hf", "C:/weights"),  # colons after the first are the path's
+        ("rule: gold", REWARD, "rule", "gold"),
+        ("ensemble", REWARD, "ensemble", None),
+        ("rm:runs/old.pt", LABELER, "checkpoint", "runs/old.pt"),
+        ("human", LABELER, "human", None),
+        ("pairwise:rm", JUDGES, "pairwise_rm", None),
+        ("pairwise: rule: shorter", JUDGES, "pairwise_rule", "shorter"),
+    ],
+)
+def test_values_are_read_as_their_kind(value, key, kind, argument):
+    source = parse(value, key)
+    assert (source.kind.name, source.argument) == (kind, argument)
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "message"),
+    [
+        ("gold", REWARD, "rl.reward = 'gold' is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"),
+        ("pairwise:rm", REWARD, "is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"),
+        (" rm", JUDGES, "is not 'gold', 'rm', 'hf:DIR', 'rule:NAME', 'pairwise:rm' or 'pairwise:"),
+        ("hf:", LABELER, "collect.labeler = 'hf:' is not 'gold', 'human', 'rm:PATH' or 'hf:DIR'"),
+        ("gold:x", JUDGES, "evaluate.judges = 'gold:x' is not 'gold'"),
+        ("pairwise:rule:longer", JUDGES, "names no pairwise rule; the pairwise rules are "
+         "'pairwise:rule:shorter'"),
+        ("rule:shorter", JUDGES, "names no rule; the rules are 'rule:contains_number'"),
+    ],
+)  # fmt: skip
+def test_what_a_key_does_not_accept_is_refused_with_what_it_does(value, key, message):
+    with pytest.raises(ParamsError, match=message):
+        parse(value, key)
+
+
+def test_what_sources_read():
+    assert parse("hf:models/rm", REWARD).path.as_posix() == "models/rm"
+    assert parse("rule:gold", REWARD).refused_off_suite
+    assert parse("gold", JUDGES).needs_suite and not parse("gold", JUDGES).refused_off_suite
+    assert not parse("pairwise:rm", JUDGES).needs_suite and parse("pairwise:rm", JUDGES).pairwise
+    assert reward_sources.applicable(["gold", "rm", "pairwise:rule:shorter"], False) == [
+        "rm",
+        "pairwise:rule:shorter",
+    ]
+    params = parse_params({"evaluate": {"judges": ["gold", "pairwise:rm"]}})
+    assert [j.kind.name for j in params.judges()] == ["gold", "pairwise_rm"]
+    with pytest.raises(ParamsError, match=r"evaluate.judges = \[\]: name at least one of 'gold'"):
+        parse_params({"evaluate": {"judges": []}})
+
+
+def test_a_score_used_pairwise_decides_as_the_scores_do():
+    def lengths(prompts, answers):
+        return torch.tensor([float(len(a)) for a in answers])
+
+    judge = PreferenceJudge(lengths)
+    verdicts = judge(["p"] * 3, ["aaa", "a", "aa"], ["a", "aaa", "bb"])
+    assert verdicts.tolist() == [1.0, 0.0, 0.5]
+    shorter_judge = PairRuleJudge(shorter)
+    assert shorter_judge(["p"] * 3, ["aaa", "a ", "aa"], ["a", "aaa", "bb"]).tolist() == [
+        0.0,
+        1.0,
+        0.5,
+    ]
+
+
+def answers(responses: list[str], scores: list[float]) -> ScoredAnswers:
+    n = len(responses)
+    return ScoredAnswers(
+        prompt_index=list(range(n)), prompts=[f"q{i}" for i in range(n)], tasks=["greet"] * n,
+        responses=responses, gold=None, reward=scores, kl=[0.0] * n, length=[1] * n,
+        ended=[True] * n,
+    )  # fmt: skip
+
+
+def test_pairwise_judges_give_win_rates_as_the_single_answer_ones_do():
+    """`pairwise:rm` (the reward model shown both answers) reproduces the `rm` win rates
+    exactly; `pairwise:rule:shorter` counts the pairs where the later policy is shorter."""
+    policies = {
+        "sft": answers(["a", "bb", "ccc", "dd"], [0.1, 0.5, -1.0, 0.3]),
+        "ppo": answers(["aa", "b", "ccc", "d"], [0.2, 0.4, -1.0, 0.9]),
+    }
+    reward = {r: s for a in policies.values() for r, s in zip(a.responses, a.reward, strict=True)}
+
+    def reward_model(prompts, responses):
+        return torch.tensor([reward[r] for r in responses])
+
+    pairwise = {
+        "pairwise:rm": PreferenceJudge(reward_model),
+        "pairwise:rule:shorter": PairRuleJudge(shorter),
+    }
+    rates = win_rates(policies, ["rm", *pairwise], resamples=50, seed=3, pairwise=pairwise)
+    assert rates["pairwise:rm"] == rates["rm"]
+    assert rates["rm"]["ppo_vs_sft"].rate == (1 + 0 + 0.5 + 1) / 4
+    shorter_rate = rates["pairwise:rule:shorter"]["ppo_vs_sft"]
+    assert (shorter_rate.rate, shorter_rate.tie_rate) == ((0 + 1 + 0.5 + 1) / 4, 0.25)
+
+
+def test_verdicts_other_than_win_tie_or_loss_are_refused():
+    with pytest.raises(ValueError, match=r"outcomes must be 0, 0.5 or 1, got \[0.7\]"):
+        compare_outcomes([1.0, 0.7], [0, 1], resamples=10, seed=0)
