@@ -98,7 +98,7 @@ new_profile() {  # a project of its own: the code and the profile's params, move
     cp "$profile_params" "$staging/params.yaml" || return 1
     (
         cd "$staging" || exit 1
-        python3 -m rlhf.stages.dvcfile > /dev/null || exit 1  # its RL stages
+        python3 -m rlhf.stages.support.dvcfile > /dev/null || exit 1  # its RL stages
         if command -v git > /dev/null; then
             git init -q && git add -A \
                 && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "the GPU profile"

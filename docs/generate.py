@@ -82,7 +82,7 @@ def cli_page() -> str:
     root = typer.Context(group, info_name="rlhf")
     usage = f"rlhf {' '.join(group.collect_usage_pieces(root))}"
     lines = [
-        NOTICE.format(source="the Typer app, rlhf/cli.py"),
+        NOTICE.format(source="the Typer app, rlhf/cli/"),
         "",
         "# CLI reference",
         "",

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from rlhf.eval.report import policies_table, win_rates_table  # noqa: E402
 from rlhf.eval.seeds import compared_numbers  # noqa: E402
-from rlhf.stages.metric_files import read_metrics  # noqa: E402
+from rlhf.stages.support.metric_files import read_metrics  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TARGETS = (ROOT / "README.md", ROOT / "docs" / "results.md")

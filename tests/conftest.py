@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rlhf.models import checkpoint
-from rlhf.stages.metric_files import read_metrics
+from rlhf.stages.support.metric_files import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -40,7 +40,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rlhf.stages.dvcfile import declared_stages
+from rlhf.stages.support.dvcfile import declared_stages
 
 from conftest import clean_env, init_dvc_repo, make_project
 

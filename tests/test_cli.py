@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from rlhf.cli import app
 from rlhf.params import describe
-from rlhf.stages.common import ProgressLines
+from rlhf.stages.support.common import ProgressLines
 
 from conftest import REPO
 

@@ -12,7 +12,7 @@ import torch
 
 from rlhf.errors import PEER_LOST, RETRY, USER_ERROR
 from rlhf.models import checkpoint
-from rlhf.stages.launch import WorkerFailed, worker_failure
+from rlhf.stages.support.launch import WorkerFailed, worker_failure
 from rlhf.train.distributed import World
 
 from conftest import clean_env, make_project

@@ -213,7 +213,7 @@ def test_no_credentials_are_baked_into_the_image():
 
 
 def test_dockerignore_sends_only_what_the_image_copies():
-    for source in [*copied_sources(stages()["builder"]), "rlhf/cli.py"]:
+    for source in [*copied_sources(stages()["builder"]), "rlhf/cli/__init__.py"]:
         assert not dockerignored(source), source
     left_out = [
         ".git/HEAD", ".venv/bin/python", ".dvc/cache/files/md5/00/0", ".dvc/config", ".rlhf/x",

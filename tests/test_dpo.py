@@ -19,7 +19,7 @@ from rlhf.data.tokenizer import load_tokenizer
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.params import DPOParams
-from rlhf.stages.metric_files import read_metrics
+from rlhf.stages.support.metric_files import read_metrics
 from rlhf.train.device import autocast
 from rlhf.train.loop import fit
 

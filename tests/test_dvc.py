@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.stages import dvcfile
-from rlhf.stages.imports import code_closure
-from rlhf.stages.metric_files import read_metrics
+from rlhf.stages.support import dvcfile
+from rlhf.stages.support.imports import code_closure
+from rlhf.stages.support.metric_files import read_metrics
 
 from conftest import (
     FIRST_REPRO_LOG,

@@ -34,7 +34,7 @@ from rlhf.flows.lock import HOLDING, RELEASED
 from rlhf.flows.pipeline import REFUSED, SKIPPED, pipeline, stage_flow
 from rlhf.flows.stage_names import stage_names
 from rlhf.params import RL_ALGORITHMS
-from rlhf.stages.dvcfile import declared_stages
+from rlhf.stages.support.dvcfile import declared_stages
 
 from conftest import REPO, prefect_env, sh, shared_project
 

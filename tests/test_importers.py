@@ -363,7 +363,7 @@ def test_label_studio_errors_name_the_task_and_annotation(tmp_path):
 def test_every_importer_is_a_choice_of_rlhf_import_and_nothing_else():
     """The CLI's formats come from `import_formats.FORMATS` (light, read at startup); a format
     registered in one place and not the other would be unreachable or fail."""
-    from rlhf.cli import ImportKind
+    from rlhf.cli.data import ImportKind
     from rlhf.data.import_formats import FORMATS
     from rlhf.data.importers import IMPORTERS
 

@@ -12,7 +12,7 @@ import pytest
 from label_terminal import PROMPT, answer, start_labeling
 
 from rlhf.labeling.queue import labels_file, queue_items, read_labels, write_queue
-from rlhf.stages import paths
+from rlhf.stages.support import paths
 
 
 @pytest.fixture

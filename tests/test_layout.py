@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.stages.imports import imported_modules
+from rlhf.stages.support.imports import imported_modules
+from rlhf.stages.support.stage_list import STAGES
 
 from conftest import REPO
 
@@ -71,3 +72,15 @@ def test_params_imports_nothing_from_the_library_above_it():
         if name.startswith(("rlhf.eval", "rlhf.algorithms", "rlhf.models"))
     }
     assert not above, f"rlhf.params imports {sorted(above)}"
+
+
+def test_the_stage_list_is_the_stage_modules():
+    """`rlhf/stages/support/stage_list.py` names every stage module and says of each what
+    its module does: whether it runs data-parallel (`main(run, data_parallel=True)`) and
+    whether it resumes (it keeps a resume state)."""
+    stage_files = {f.stem for f in (REPO / "rlhf" / "stages").glob("*.py")} - {"__init__"}
+    assert {stage.name for stage in STAGES} == stage_files
+    for stage in STAGES:
+        source = (REPO / "rlhf" / "stages" / f"{stage.name}.py").read_text()
+        assert ("data_parallel=True" in source) == stage.data_parallel, stage.name
+        assert ("resume" in source) == stage.resumes, stage.name

@@ -5,7 +5,7 @@ import json
 
 from rlhf.eval.seeds import compared_numbers
 from rlhf.stages import evaluate, rm
-from rlhf.stages.metric_files import merged, read_metrics, split
+from rlhf.stages.support.metric_files import merged, read_metrics, split
 
 EVALUATION = {
     "prompts": 40,

@@ -26,8 +26,8 @@ from rlhf.labeling.queue import read_queue
 from rlhf.labeling.ranking import format_ranking
 from rlhf.models import checkpoint
 from rlhf.params import DataParams
-from rlhf.stages import paths
-from rlhf.stages.metric_files import read_metrics
+from rlhf.stages.support import paths
+from rlhf.stages.support.metric_files import read_metrics
 from rlhf.synthetic.datasets import synthetic_sets
 from rlhf.train.curves import read_curve
 
@@ -144,7 +144,7 @@ def project(folders, tmp_path_factory) -> Path:
     sh(["python", "-m", "rlhf.cli", "import", str(hh), "--kind", "hh", "--as", "demonstrations"],
        project)  # fmt: skip
     sh(["python", "-m", "rlhf.cli", "import", str(hh), "--kind", "hh"], project)
-    sh(["python", "-m", "rlhf.stages.dvcfile"], project)
+    sh(["python", "-m", "rlhf.stages.support.dvcfile"], project)
     sh(["dvc", "repro"], project)
     return project
 

@@ -27,9 +27,9 @@ from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.registry import build
 from rlhf.params import OptimParams
 from rlhf.stages import dpo
-from rlhf.stages.entry import DEBUG_ENV
-from rlhf.stages.metric_files import read_metrics
-from rlhf.stages.outputs import STAGE_LOCKS
+from rlhf.stages.support.entry import DEBUG_ENV
+from rlhf.stages.support.metric_files import read_metrics
+from rlhf.stages.support.outputs import STAGE_LOCKS
 from rlhf.train import loop
 from rlhf.train.guard import NonFiniteError
 from rlhf.train.memory import Workload, estimate_bytes, preflight
@@ -397,8 +397,9 @@ def test_a_log_line_stays_one_line_off_a_terminal():
     one message over several lines."""
     message = "resume state .rlhf/resume/sft.pt: not a readable checkpoint " + "x" * 300
     script = (
-        "import sys; from rlhf.stages.common import console; from rlhf.stages.entry import "
-        "print_error; console.print(sys.argv[1]); print_error(sys.argv[1])"
+        "import sys; from rlhf.stages.support.common import console; "
+        "from rlhf.stages.support.entry import print_error; "
+        "console.print(sys.argv[1]); print_error(sys.argv[1])"
     )
     logged = subprocess.run(
         [sys.executable, "-c", script, message], capture_output=True, text=True, check=True

@@ -23,7 +23,7 @@ from rlhf.models.gpt import GPT
 from rlhf.models.lora import adapters, adapters_off, add_adapters, merged_model
 from rlhf.params import RL_ALGORITHMS, CriticParams, DataParams, Params, ParamsError, RLParams
 from rlhf.reward_sources import parse
-from rlhf.stages.metric_files import read_metrics
+from rlhf.stages.support.metric_files import read_metrics
 from rlhf.synthetic.datasets import synthetic_sets
 from rlhf.train.curves import read_curve
 

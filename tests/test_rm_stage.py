@@ -20,7 +20,7 @@ from rlhf.data.schemas import (
 )
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.params import ParamsError, parse_params
-from rlhf.stages.metric_files import read_metrics
+from rlhf.stages.support.metric_files import read_metrics
 from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
 
 from conftest import clean_env, make_project, run_module, write_params
@@ -155,7 +155,7 @@ def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, t
         for r in read_rows(prompts, PROMPT_SCHEMA)
     ]
     write_rows(prompts, own, PROMPT_SCHEMA)
-    run_module("rlhf.stages.dvcfile", project)
+    run_module("rlhf.stages.support.dvcfile", project)
     dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
     assert "labeler.pt" in dvc_yaml["stages"]["collect"]["deps"]
     run_module("rlhf.stages.collect", project)

@@ -5,7 +5,7 @@ import torch
 
 from rlhf.data.tokenizer import load_tokenizer
 from rlhf.models import checkpoint
-from rlhf.stages.metric_files import read_metrics
+from rlhf.stages.support.metric_files import read_metrics
 from rlhf.train.curves import read_curve
 
 from conftest import (

@@ -50,12 +50,12 @@ from rlhf.flows.repository import (
 )
 from rlhf.flows.stage_names import StageName
 from rlhf.params import ParamsError
-from rlhf.stages import paths
-from rlhf.stages.dvcfile import declared_stages
-from rlhf.stages.entry import ERROR_PREFIX, FAILED_PREFIX
-from rlhf.stages.launch import NPROC_ENV
-from rlhf.stages.metric_files import read_metrics
-from rlhf.stages.overrides import set_params
+from rlhf.stages.support import paths
+from rlhf.stages.support.dvcfile import declared_stages
+from rlhf.stages.support.entry import ERROR_PREFIX, FAILED_PREFIX
+from rlhf.stages.support.launch import NPROC_ENV
+from rlhf.stages.support.metric_files import read_metrics
+from rlhf.stages.support.overrides import set_params
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
 REFUSED = "Refused"  # state name of a stage that reported an error the user must fix

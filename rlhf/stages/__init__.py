@@ -1,5 +1,6 @@
 """Pipeline stages: each reads params and inputs, calls the library, writes outputs atomically.
 
-`specs.py` declares every stage once (params groups, inputs, outputs); dvc.yaml is generated
-from it (`rlhf dvc-yaml`) with each stage's code dependencies computed from its imports.
+One module per stage, each declaring itself once in its SPEC (params groups, inputs, outputs;
+`support/specs.py`); dvc.yaml is generated from those (`rlhf dvc-yaml`) with each stage's
+code dependencies computed from its imports. What the stages share lives in `support/`.
 """

@@ -36,14 +36,14 @@ from rlhf.labeling.queue import (
     waiting_items,
     write_queue,
 )
-from rlhf.stages import paths
-from rlhf.stages.common import file_digest, progress
-from rlhf.stages.context import StageRun
-from rlhf.stages.entry import main
-from rlhf.stages.folders import require_tracked
-from rlhf.stages.outputs import published, write_metrics, write_timings
-from rlhf.stages.scoring import build_tracked, scoring_context
-from rlhf.stages.specs import StageSpec
+from rlhf.stages.support import paths
+from rlhf.stages.support.common import file_digest, progress
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.entry import main
+from rlhf.stages.support.folders import require_tracked
+from rlhf.stages.support.outputs import published, write_metrics, write_timings
+from rlhf.stages.support.scoring import build_tracked, scoring_context
+from rlhf.stages.support.specs import StageSpec
 from rlhf.synthetic.collection import (
     BatchScore,
     candidates,

@@ -21,10 +21,10 @@ from rlhf.algorithms.dpo import all_logprobs, implicit_rewards, mean_pair_loss, 
 from rlhf.data.comparisons import encode_groups, paired, response_lengths
 from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
-from rlhf.stages import fitting, paths
-from rlhf.stages.context import StageRun
-from rlhf.stages.entry import main
-from rlhf.stages.specs import StageSpec, trained_outputs
+from rlhf.stages.support import fitting, paths
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.entry import main
+from rlhf.stages.support.specs import StageSpec, trained_outputs
 from rlhf.train.loop import History
 
 LOGPS = ("chosen_logp", "rejected_logp")

@@ -30,13 +30,13 @@ from rlhf.models.backbone import freeze
 from rlhf.params import ParamsError
 from rlhf.reward_sources import GOLD, JUDGES, REWARD_MODEL, applicable, parse
 from rlhf.sampling.sampler import SamplingConfig
-from rlhf.stages import paths
-from rlhf.stages.common import console, progress
-from rlhf.stages.context import StageRun
-from rlhf.stages.entry import main
-from rlhf.stages.outputs import published, write_metrics
-from rlhf.stages.scoring import build_tracked, scoring_context
-from rlhf.stages.specs import Plot, StageSpec
+from rlhf.stages.support import paths
+from rlhf.stages.support.common import console, progress
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.entry import main
+from rlhf.stages.support.outputs import published, write_metrics
+from rlhf.stages.support.scoring import build_tracked, scoring_context
+from rlhf.stages.support.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
 

@@ -6,7 +6,7 @@ every algorithm shares. Outputs: `artifacts/NAME/` (model, sampled answers, snap
 over-optimization curve), `metrics/details/NAME.json`, and each iteration's statistics as training
 curves in `dvclive/NAME/`.
 
-`RLHF_NPROC` processes (`rlhf.stages.launch`) sample, score and train on shares of every
+`RLHF_NPROC` processes (`rlhf.stages.support.launch`) sample, score and train on shares of every
 iteration's answers and compute what one process does (`rlhf.algorithms.rl.shards`).
 
 Resume state (policy, critic, optimizers, KL coefficient, step, RNGs, history) is saved every
@@ -39,13 +39,13 @@ from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.models.lora import adapters_off, add_adapters, merged_model
 from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
-from rlhf.stages import paths
-from rlhf.stages.context import StageRun
-from rlhf.stages.entry import main
-from rlhf.stages.outputs import published, write_metrics, write_timings
-from rlhf.stages.scoring import build_tracked, scoring_context
-from rlhf.stages.specs import ITEM, Plot, StageSpec
-from rlhf.stages.trained import finish, reporting, stage_curves
+from rlhf.stages.support import paths
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.entry import main
+from rlhf.stages.support.outputs import published, write_metrics, write_timings
+from rlhf.stages.support.scoring import build_tracked, scoring_context
+from rlhf.stages.support.specs import ITEM, Plot, StageSpec
+from rlhf.stages.support.trained import finish, reporting, stage_curves
 from rlhf.train.device import compile_report
 from rlhf.train.guard import NonFiniteError
 from rlhf.train.loop import resume_state

@@ -20,10 +20,10 @@ from rlhf.algorithms.reward_model import (
 from rlhf.data.comparisons import encode_groups, paired, response_lengths
 from rlhf.data.schemas import COMPARISON_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
-from rlhf.stages import fitting, paths
-from rlhf.stages.context import StageRun
-from rlhf.stages.entry import main
-from rlhf.stages.specs import StageSpec, trained_outputs
+from rlhf.stages.support import fitting, paths
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.entry import main
+from rlhf.stages.support.specs import StageSpec, trained_outputs
 
 SPEC = StageSpec(
     "rm",

@@ -19,11 +19,11 @@ from rlhf.eval.gold import gold_eval
 from rlhf.models import hf
 from rlhf.models.backbone import Backbone
 from rlhf.models.registry import build
-from rlhf.stages import fitting, paths
-from rlhf.stages.context import StageRun
-from rlhf.stages.entry import main
-from rlhf.stages.folders import init_folder, require_tracked
-from rlhf.stages.specs import StageSpec, trained_outputs
+from rlhf.stages.support import fitting, paths
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.entry import main
+from rlhf.stages.support.folders import init_folder, require_tracked
+from rlhf.stages.support.specs import StageSpec, trained_outputs
 from rlhf.train.memory import preflight
 
 SPEC = StageSpec(

@@ -7,12 +7,12 @@ import time
 
 from rlhf.data.schemas import SFT_SCHEMA, read_rows
 from rlhf.data.tokenizer import save_tokenizer
-from rlhf.stages import paths
-from rlhf.stages.common import console, params
-from rlhf.stages.entry import main
-from rlhf.stages.folders import init_folder, require_tracked
-from rlhf.stages.outputs import begin, published
-from rlhf.stages.specs import StageSpec
+from rlhf.stages.support import paths
+from rlhf.stages.support.common import console, params
+from rlhf.stages.support.entry import main
+from rlhf.stages.support.folders import init_folder, require_tracked
+from rlhf.stages.support.outputs import begin, published
+from rlhf.stages.support.specs import StageSpec
 
 SPEC = StageSpec(
     "tokenizer",

@@ -1,7 +1,7 @@
 """Data parallelism under torchrun: which process this is, its share of each global batch, and
 the reductions that make N processes compute what one does.
 
-A training stage runs as `torchrun --nproc_per_node N` workers (`rlhf.stages.launch`); each
+A training stage runs as `torchrun --nproc_per_node N` workers (`rlhf.stages.support.launch`); each
 reads RANK, WORLD_SIZE and LOCAL_RANK from the environment torchrun sets. The batch size in
 params.yaml is the global batch: every rank takes a share of the same seeded batch order,
 and losses are normalized by the units (tokens, prompts) of the whole global batch, so

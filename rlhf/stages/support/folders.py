@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from rlhf.params import Params, ParamsError
-from rlhf.stages import paths
+from rlhf.stages.support import paths
 
 DVC_FILE = Path("dvc.yaml")
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlhf.stages import paths
+from rlhf.stages.support import paths
 
 Metrics = dict[str, Any]
 

@@ -2,8 +2,8 @@
 
 A trained stage NAME writes `artifacts/NAME/model.pt`, `metrics/NAME.json` (its headline
 numbers), `metrics/details/NAME.json` (the rest) and its training curves, one dvclive TSV per
-metric in `dvclive/NAME/plots/metrics/`; an RL stage is named after its algorithm. `specs.py`
-says which stage reads and writes which of these.
+metric in `dvclive/NAME/plots/metrics/`; an RL stage is named after its algorithm. Each stage's
+SPEC says which of these it reads and writes.
 """
 
 from pathlib import Path

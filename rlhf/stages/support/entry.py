@@ -27,9 +27,9 @@ from rlhf.errors import (
     PipelineError,
     StageInterrupted,
 )
-from rlhf.stages import launch
-from rlhf.stages.common import console
-from rlhf.stages.outputs import release_stages
+from rlhf.stages.support import launch
+from rlhf.stages.support.common import console
+from rlhf.stages.support.outputs import release_stages
 
 DEBUG_ENV = "RLHF_DEBUG"
 ERROR_PREFIX = "error: "  # what the Prefect task looks for in a stage's output: do not retry
@@ -132,7 +132,7 @@ def report_errors(run: Callable[[], object]) -> int:
 def main(run: Callable[[], object], *, data_parallel: bool = False) -> None:
     """What a stage module runs as `python -m`: the stage, then its exit status. A
     `data_parallel` stage asked for more than one process (`RLHF_NPROC`) runs as that many
-    torchrun workers of this same command instead (`rlhf.stages.launch`)."""
+    torchrun workers of this same command instead (`rlhf.stages.support.launch`)."""
     if data_parallel:
         spec = sys.modules["__main__"].__spec__  # None when run as a file, not with -m
         module = spec.name if spec else None

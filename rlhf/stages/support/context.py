@@ -2,7 +2,7 @@
 loading checkpoints and building the payload of a new one (`fitting.py` adds the training loop).
 
 A stage's resume fingerprint covers exactly what DVC keys the stage by (its params groups,
-its inputs and the code it imports, all from its declaration in `specs.py`), so an
+its inputs and the code it imports, all from its SPEC), so an
 interrupted run resumes only into the run it was.
 """
 
@@ -18,11 +18,11 @@ from rlhf.data.tokenizer import Tokenizer, load_tokenizer
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone, freeze
 from rlhf.params import Params, group_hash
-from rlhf.stages import paths
-from rlhf.stages.common import console, file_digest, params
-from rlhf.stages.imports import code_closure
-from rlhf.stages.outputs import begin
-from rlhf.stages.specs import StageSpec
+from rlhf.stages.support import paths
+from rlhf.stages.support.common import console, file_digest, params
+from rlhf.stages.support.imports import code_closure
+from rlhf.stages.support.outputs import begin
+from rlhf.stages.support.specs import StageSpec
 from rlhf.train.device import pin_threads, resolve_device
 from rlhf.train.distributed import World, current_world, join
 from rlhf.train.memory import Workload, preflight

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from rich.progress import Progress
 
 from rlhf.atomic import Publication
-from rlhf.stages import paths
-from rlhf.stages.common import progress
-from rlhf.stages.context import StageRun
-from rlhf.stages.specs import StageSpec
+from rlhf.stages.support import paths
+from rlhf.stages.support.common import progress
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.specs import StageSpec
 from rlhf.train.curves import METRICS_FOLDER, Curves, NoCurves, curve_log
 
 

@@ -21,7 +21,7 @@ from rlhf.errors import PipelineError
 from rlhf.eval.seeds import COMPARED, compared_numbers, params_changed
 from rlhf.eval.summary import flattened
 from rlhf.params import ParamsError, parse_params
-from rlhf.stages import paths
+from rlhf.stages.support import paths
 
 # refs/exps/<first 2 hex digits of the baseline>/<the other 38>/<name>: DVC's experiment refs
 # (refs/exps/apply/..., refs/exps/exec/..., refs/exps/celery/... are its bookkeeping)

@@ -10,10 +10,10 @@ from typing import Any
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params import OptimParams
-from rlhf.stages import paths
-from rlhf.stages.context import StageRun
-from rlhf.stages.outputs import published, write_metrics, write_timings
-from rlhf.stages.trained import finish, reporting, stage_curves
+from rlhf.stages.support import paths
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.outputs import published, write_metrics, write_timings
+from rlhf.stages.support.trained import finish, reporting, stage_curves
 from rlhf.train import loop
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlhf.stages import paths
+from rlhf.stages.support import paths
 
 ITEM = "${item}"  # DVC's placeholder for the element of a foreach stage
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from rlhf.algorithms.scorers import PairJudge, Scorer, ScoringContext, build
 from rlhf.reward_sources import Source
-from rlhf.stages import paths
-from rlhf.stages.context import StageRun
-from rlhf.stages.folders import require_tracked
+from rlhf.stages.support import paths
+from rlhf.stages.support.context import StageRun
+from rlhf.stages.support.folders import require_tracked
 
 
 def scoring_context(stage: StageRun) -> ScoringContext:
