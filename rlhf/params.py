@@ -59,9 +59,9 @@ RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
 # checked by a test; not imported, or every stage would depend on the labeling code)
 MAX_ANSWERS_ON_SCREEN = 26
 GOLD_FIXES = {  # what to set instead, by key, where the gold judge cannot score the prompts
-    "collect.labeler": "set collect.labeler to rm:PATH, hf:DIR or human",
-    "rl.reward": "set rl.reward to rm, hf:DIR or ensemble",
-    "evaluate.judges": "remove it from evaluate.judges",
+    LABELER: "set collect.labeler to rm:PATH, hf:DIR or human",
+    REWARD: "set rl.reward to rm, hf:DIR or ensemble",
+    JUDGES: "remove it from evaluate.judges",
 }
 
 
@@ -642,9 +642,9 @@ class Params:
             raise ParamsError(
                 f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"
             )
-        labeler = self.collect.labeler
-        self.reward(), self.labeler()  # each raises naming its key and what it accepts
-        people_rank = self.collect.source == "policy" and labeler == "human"
+        self.reward()  # raises naming the key and what it accepts
+        labeler = self.labeler()
+        people_rank = self.collect.source == "policy" and labeler.by_people
         if people_rank and self.collect.answers_per_item() > MAX_ANSWERS_ON_SCREEN:
             raise ParamsError(
                 f"collect.labeler is human, but collect.k + include_demo + explore + mismatched "
@@ -655,7 +655,7 @@ class Params:
         if not self.evaluate.judges:
             raise ParamsError(
                 "evaluate.judges = []: name at least one of "
-                + ", ".join(f"'{kind.spelling}'" for kind in reward_sources.accepted(JUDGES))
+                + reward_sources.listing([k.spelling for k in reward_sources.accepted(JUDGES)])
             )
         self.judges()
         if self.data.source == "files":

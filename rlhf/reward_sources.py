@@ -10,8 +10,8 @@ validation, dvc.yaml's deps and the stages all read this table.
 
 It is light on purpose (no torch, no models): every stage imports the params, and what a stage
 imports is what dvc.yaml makes it depend on. Building a kind's scorer is the job of
-`rlhf.algorithms.scorers.BUILDERS`, one builder per kind here (a test ties the two), which only
-the stages that score import.
+`rlhf.algorithms.scorers.BUILDERS`, one builder per kind here but the gold judge (the task
+suite's own) and people (a test ties the two), which only the stages that score import.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ REWARD_MODEL = "rm"
 REWARD = "rl.reward"
 LABELER = "collect.labeler"
 JUDGES = "evaluate.judges"
+LIST_KEYS = {JUDGES}  # keys whose value is a list of sources, each read on its own
 
 # What a kind reads besides the prompts and answers:
 # `suite`: the task suite's gold judge, so task-suite prompts only;
@@ -122,6 +123,11 @@ class Source:
         return Path(self.argument) if self.kind.reads == "path" and self.argument else None
 
     @property
+    def by_people(self) -> bool:
+        """Whether people score (rank answers in `rlhf label`) rather than a program."""
+        return self.kind.reads == "labels"
+
+    @property
     def needs_suite(self) -> bool:
         """Whether it scores task-suite prompts only (the gold judge, or the gold rule)."""
         return self.kind.reads == "suite" or (
@@ -138,7 +144,8 @@ class Source:
         return self.kind.description.format(self.argument)
 
 
-def _listing(spellings: list[str]) -> str:
+def listing(spellings: list[str]) -> str:
+    """`'a', 'b' or 'c'`."""
     quoted = [f"'{s}'" for s in spellings]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
@@ -154,7 +161,7 @@ def _match(value: str, kind: SourceKind) -> str | Literal[False] | None:
     rest = value
     for depth, part in enumerate(kind.word.split(":")):
         head, colon, rest = rest.partition(":")
-        if (head.strip() if depth else head) != part:
+        if (head.lstrip() if depth else head) != part:
             return False
     if kind.argument is None:
         return None if not colon else False
@@ -175,9 +182,8 @@ def parse(value: str, key: str) -> Source:
                 + ", ".join(f"'{kind.word}:{name}'" for name in kind.choices)
             )
         return Source(kind, argument)
-    raise ParamsError(
-        f"{key} = {value!r} is not " + _listing([kind.spelling for kind in accepted(key)])
-    )
+    named = f"{key}: {value!r}" if key in LIST_KEYS else f"{key} = {value!r}"
+    raise ParamsError(f"{named} is not " + listing([kind.spelling for kind in accepted(key)]))
 
 
 def applicable(judges: Sequence[str], has_suite: bool) -> list[str]:

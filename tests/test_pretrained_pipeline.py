@@ -195,13 +195,15 @@ def test_a_changed_folder_makes_dvc_rerun_from_the_tokenizer(project, folders, t
     shutil.copytree(project, copy)
     pipeline = yaml.safe_load((copy / "dvc.yaml").read_text())
     pipeline["stages"]["sft"]["deps"].remove(str(folders["policy"]))
+    pipeline["stages"]["rl"]["do"]["deps"].remove(str(folders["reward"]))
     (copy / "dvc.yaml").write_text(yaml.safe_dump(pipeline))
-    refused = subprocess.run(
-        ["python", "-m", "rlhf.stages.sft"], cwd=copy, env=clean_env(), capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert refused.returncode == 2
-    assert "is not among stage sft's deps in dvc.yaml: run `rlhf dvc-yaml`" in refused.stderr
+    for stage, args in (("sft", []), ("rl", ["ppo"])):  # the RL stage's reward model folder too
+        refused = subprocess.run(
+            ["python", "-m", f"rlhf.stages.{stage}", *args], cwd=copy, env=clean_env(),
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stderr
+        assert f"is not among stage {stage}'s deps in dvc.yaml: run `rlhf dvc" in refused.stderr
 
 
 def test_the_tokenizer_is_the_folders_own_with_its_chat_template(project):

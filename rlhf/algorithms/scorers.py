@@ -1,5 +1,6 @@
 """Building the scorers of reward sources and judges: one builder per kind of
-`rlhf.reward_sources.KINDS` (the RL reward, collect's labeler, the evaluation's judges).
+`rlhf.reward_sources.KINDS` that a program scores (the RL reward, collect's labeler, the
+evaluation's judges).
 
 A single-answer scorer maps (prompts, responses) text to one score per response; a pairwise
 judge maps (prompts, first answers, second answers) to one verdict per pair: 1 where the first
@@ -147,8 +148,11 @@ class PreferenceJudge:
     def __call__(
         self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]
     ) -> Tensor:
+        if not len(prompts) == len(first) == len(second):
+            raise ValueError(f"{len(prompts)} prompts, {len(first)} and {len(second)} answers")
         a, b = self.scorer(prompts, first), self.scorer(prompts, second)  # [B] each
-        return (torch.sign(a - b).float() + 1) / 2
+        # decided as win_rates.outcomes decides single scores (a NaN score loses)
+        return torch.where(a > b, 1.0, torch.where(a == b, 0.5, 0.0))
 
 
 @dataclass
@@ -169,11 +173,13 @@ class ScoringContext:
 
     tokenizer: Tokenizer
     device: torch.device
-    reward_model_path: Path  # the reward model the pipeline trained
+    reward_model_path: str | Path  # the reward model the pipeline trained
     ensemble: Sequence[str | Path] = ()  # rl.ensemble's further checkpoints
     ensemble_reduce: str = "min"
     frozen_bf16: bool = False  # external reward models in bfloat16 on CUDA
-    _reward_model: RewardModelScorer | None = field(default=None, repr=False)
+    _reward_model: RewardModelScorer | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def reward_model(self) -> RewardModelScorer:
         if self._reward_model is None:
@@ -192,10 +198,11 @@ def _ensemble(source: Source, context: ScoringContext) -> Scorer:
 
 
 # by rlhf.reward_sources kind: what scores for it (a test ties the two tables); the gold judge
-# is the task suite's own (`gold_score`) and `human` is people, so neither has a builder
+# is the task suite's own (`gold_score`) and `human` is people, so neither has a builder.
+# A kind that takes an argument always has one here (`parse` refuses the value otherwise).
 BUILDERS: dict[str, Callable[[Source, ScoringContext], Scorer | PairJudge]] = {
     "rm": lambda source, context: context.reward_model(),
-    "checkpoint": lambda source, context: context.checkpoint(source.argument),
+    "checkpoint": lambda source, context: context.checkpoint(source.path),
     "hf": lambda source, context: external_scorer(source.path, context.device, context.frozen_bf16),
     "ensemble": _ensemble,
     "rule": lambda source, context: RuleScorer(RULES[source.argument]),

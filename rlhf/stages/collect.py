@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from rlhf.algorithms.scorers import build
 from rlhf.data.schemas import (
     COMPARISON_SCHEMA,
     PROMPT_SCHEMA,
@@ -36,13 +37,14 @@ from rlhf.labeling.queue import (
     waiting_items,
     write_queue,
 )
+from rlhf.reward_sources import LABELER
 from rlhf.stages.support import paths
 from rlhf.stages.support.common import file_digest, progress
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.folders import require_tracked
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
-from rlhf.stages.support.scoring import build_tracked, scoring_context
+from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
 from rlhf.stages.support.specs import StageSpec
 from rlhf.synthetic.collection import (
     BatchScore,
@@ -78,7 +80,8 @@ def labeler_score(stage: StageRun) -> BatchScore:
     labeler = stage.params.labeler()
     if labeler.needs_suite:
         return gold_scores
-    scorer = build_tracked(stage, labeler, "collect.labeler", scoring_context(stage))
+    require_sources_tracked(stage, [labeler], LABELER)
+    scorer = build(labeler, scoring_context(stage))
     return lambda prompts, answers: scorer(prompts, answers).tolist()
 
 
@@ -191,7 +194,7 @@ def run() -> dict[str, Any]:
     if c.source == "files":
         collected = imported_comparisons
     else:
-        people = stage.params.labeler().kind.reads == "labels"
+        people = stage.params.labeler().by_people
         collected = human_comparisons if people else sampled_comparisons
     train, val, stats = collected(stage)
     metrics = {

@@ -18,7 +18,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from rlhf.algorithms.scorers import PairJudge, Scorer, ScoringContext
+from rlhf.algorithms.scorers import PairJudge, Scorer, ScoringContext, build
 from rlhf.atomic import write_csv
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
 from rlhf.eval import report
@@ -35,7 +35,7 @@ from rlhf.stages.support.common import console, progress
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics
-from rlhf.stages.support.scoring import build_tracked, scoring_context
+from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
 from rlhf.stages.support.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
@@ -99,20 +99,38 @@ def evaluate_all(
     return answers, curves
 
 
+def usable_judges(stage: StageRun, synthetic: bool) -> list[str]:
+    """The judges of evaluate.judges that can judge these prompts (`gold` only on the task
+    suite's); refused before anything loads: the gold rule off the task suite, and a reward
+    model folder dvc.yaml does not track."""
+    judges = stage.params.evaluate.judges
+    for name in judges:
+        if not synthetic and parse(name, JUDGES).refused_off_suite:
+            raise ParamsError(
+                f"evaluate.judges names {name!r}, the task suite's judge, but the held-out "
+                f"prompts in {paths.PROMPTS_HELDOUT} are not from the task suite: remove it"
+            )
+    usable = applicable(judges, synthetic)
+    require_sources_tracked(stage, [parse(name, JUDGES) for name in usable], JUDGES)
+    return usable
+
+
 def other_judges(
-    stage: StageRun, judges: list[str], context: ScoringContext
+    judges: list[str], context: ScoringContext
 ) -> tuple[dict[str, Scorer], dict[str, PairJudge]]:
     """By name, the judges besides the gold judge and the trained reward model (which measure
-    every answer anyway): those that score each answer (`hf:DIR` reward models, whose folders
-    dvc.yaml must track, and `rule:NAME` functions), and the pairwise ones, which compare two
-    policies' answers."""
+    every answer anyway): those that score each answer (`hf:DIR` reward models and
+    `rule:NAME` functions), and the pairwise ones, which compare two policies' answers."""
     single: dict[str, Scorer] = {}
     pairwise: dict[str, PairJudge] = {}
     for name in judges:
         judge = parse(name, JUDGES)
-        if judge.kind.name not in (GOLD, REWARD_MODEL):
-            built = build_tracked(stage, judge, JUDGES, context)
-            (pairwise if judge.pairwise else single)[name] = built  # type: ignore[index]
+        if judge.kind.name in (GOLD, REWARD_MODEL):
+            continue
+        if judge.pairwise:
+            pairwise[name] = build(judge, context)
+        else:
+            single[name] = build(judge, context)
     return single, pairwise
 
 
@@ -122,13 +140,7 @@ def run() -> dict[str, float]:
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
     synthetic = has_judge(heldout)
-    for name in cfg.judges if not synthetic else ():
-        if parse(name, JUDGES).refused_off_suite:
-            raise ParamsError(
-                f"evaluate.judges names {name!r}, the task suite's judge, but the held-out "
-                f"prompts in {paths.PROMPTS_HELDOUT} are not from the task suite: remove it"
-            )
-    judges = applicable(cfg.judges, synthetic)
+    judges = usable_judges(stage, synthetic)
     # the policy under evaluation, SFT as the KL reference, the reward model and any reward
     # model folders among the judges (counted at the policy's size), at once
     folders = sum(parse(judge, JUDGES).path is not None for judge in judges)
@@ -136,16 +148,18 @@ def run() -> dict[str, float]:
     stage.preflight(paths.SFT_MODEL, workload)
     sft = stage.load_frozen(paths.SFT_MODEL)
     context = scoring_context(stage)
-    single, pairwise = other_judges(stage, judges, context)
+    single, pairwise = other_judges(judges, context)
     evaluate = functools.partial(
         score_policy, tokenizer=stage.tokenizer, prompts=prompts, tasks=tasks, reference=sft,
         scorer=context.reward_model(), judge=gold_score if synthetic else None, seed=p.seed,
         batch_size=cfg.batch_size, other_judges=single,
     )  # fmt: skip
     answers, curves = evaluate_all(stage, evaluate, ["sft", *p.rl_algorithms, "dpo"])
-    judged = dict(judges=judges, pairwise=pairwise, resamples=cfg.bootstrap_resamples, seed=p.seed)
-    rates = win_rates(answers["sampled"], **judged)
-    greedy_rates = win_rates(answers["greedy"], **judged)
+    judged = functools.partial(
+        win_rates, judges=judges, pairwise=pairwise, resamples=cfg.bootstrap_resamples,
+        seed=p.seed,
+    )  # fmt: skip
+    rates, greedy_rates = judged(answers["sampled"]), judged(answers["greedy"])
     metrics = {
         "prompts": len(prompts),
         "samples_per_prompt": cfg.samples,

@@ -30,7 +30,7 @@ from typing import Any
 
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import MISMATCH_KEYS, Experience, RLTrainer
-from rlhf.algorithms.scorers import backbones
+from rlhf.algorithms.scorers import backbones, build
 from rlhf.atomic import remove_stale_in, write_text
 from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
@@ -39,11 +39,12 @@ from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.models.lora import adapters_off, add_adapters, merged_model
 from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
+from rlhf.reward_sources import REWARD
 from rlhf.stages.support import paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
-from rlhf.stages.support.scoring import build_tracked, scoring_context
+from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
 from rlhf.stages.support.specs import ITEM, Plot, StageSpec
 from rlhf.stages.support.trained import finish, reporting, stage_curves
 from rlhf.train.device import compile_report
@@ -84,7 +85,9 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     cfg = p.algorithm(algorithm)
     separate_critic = isinstance(cfg, CriticParams) and cfg.critic == "separate"
     trained = 1 + separate_critic  # the policy, and a critic of its own
-    rewarded = p.reward().kind.reads == "reward_model"  # a reward model held beside them
+    reward = p.reward()
+    require_sources_tracked(stage, [reward], REWARD)
+    rewarded = reward.kind.reads == "reward_model"  # a reward model held beside them
     lora = p.rl.lora_rank > 0  # then adapters train, and the policy is its own reference
     # full-context rows one forward and backward pass of the update holds (`microbatches`)
     micro_sequences = min(cfg.minibatch_size, -(-p.rl.microbatch_tokens // p.model.block_size))
@@ -105,7 +108,7 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         for model in (policy, critic):
             if model is not None:
                 add_adapters(model, p.rl.lora_rank, p.rl.lora_alpha)
-    scorer = build_tracked(stage, p.reward(), "rl.reward", scoring_context(stage))
+    scorer = build(reward, scoring_context(stage, p.rl.ensemble, p.rl.ensemble_reduce))
     for model in backbones(scorer):
         stage.compiled(model)
     demos = read_rows(paths.SFT_TRAIN, SFT_SCHEMA) if cfg.ptx_coef > 0 else []

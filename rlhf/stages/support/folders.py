@@ -30,7 +30,7 @@ def labeler_path(params: Params) -> Path | None:
     """What `collect.labeler` reads: the reward model `rm:PATH | hf:DIR` names, or for
     `human` the folder of people's labels."""
     labeler = params.labeler()
-    return paths.LABELS if labeler.kind.reads == "labels" else labeler.path
+    return paths.LABELS if labeler.by_people else labeler.path
 
 
 def tracked_folders(params: Params) -> dict[str, tuple[Path, ...]]:
@@ -72,7 +72,7 @@ def create_labels_folder(params: Params) -> bool:
     """For `collect.labeler: human`, create the labels folder dvc.yaml lists among collect's
     deps (with a README, so git keeps it before the first label): DVC refuses to run a stage
     whose dep is missing. True when it was created."""
-    if params.labeler().kind.reads != "labels" or paths.LABELS.exists():
+    if not params.labeler().by_people or paths.LABELS.exists():
         return False
     paths.LABELS.mkdir(parents=True)
     (paths.LABELS / "README.md").write_text(LABELS_README)
