@@ -84,7 +84,7 @@ def rl_results(project, algorithm):
     answers = [json.loads(line)["response"] for line in logged]
     metrics = read_metrics(algorithm, project)
     # but the sampler/scorer log-prob mismatch: float rounding itself, which another packing
-    # of the scored rows moves (held to its bound in tests/test_rl_stage.py)
+    # of the scored rows moves (held to its bound in tests/stages/test_rl_stage.py)
     metrics = {k: v for k, v in metrics.items() if not k.startswith("logprob_mismatch")}
     return metrics, curves | {"answers": answers}
 

@@ -218,7 +218,8 @@ def test_dockerignore_sends_only_what_the_image_copies():
     left_out = [
         ".git/HEAD", ".venv/bin/python", ".dvc/cache/files/md5/00/0", ".dvc/config", ".rlhf/x",
         "data/raw/x", "artifacts/sft/model.safetensors", "metrics/sft.json", "reports/x.html",
-        "tests/test_docker.py", "params.yaml", "dvc.lock", "rlhf/__pycache__/cli.cpython-311.pyc",
+        "tests/system/test_docker.py", "params.yaml", "dvc.lock",
+        "rlhf/__pycache__/cli.cpython-311.pyc",
     ]  # fmt: skip
     assert [path for path in left_out if not dockerignored(path)] == []
 

@@ -91,7 +91,8 @@ def test_a_killed_rank_stops_ppo_and_the_rerun_resumes_to_the_same_numbers(
     trained_project, tmp_path
 ):
     """Sharded (the resume state gathered whole from the shards); a replicated policy's
-    resume: tests/test_rl_stage.py, and a killed replicated rank: tests/test_distributed.py."""
+    resume: tests/stages/test_rl_stage.py, and a killed replicated rank:
+    tests/system/test_distributed.py."""
     sharding = {"train.strategy": "fsdp2"}
     whole = rl_run(trained_project, tmp_path / "whole", "ppo", 2, sharding)
     project = stage_project(trained_project, tmp_path / "killed", "rl", sharding)

@@ -1,6 +1,6 @@
 """`train.strategy: fsdp2`: the model sharded across two gloo processes (torch's
 `fully_shard`, a unit per transformer block) resumes from a whole-model state, its own or one
-process's. (That it trains as the replicated model does: tests/test_distributed.py.)"""
+process's. (That it trains as the replicated model does: tests/system/test_distributed.py.)"""
 
 import pytest
 
@@ -41,7 +41,7 @@ def test_a_sharded_run_resumes_at_another_process_count(trained_project, tmp_pat
     model was held: a sharded run killed at 2 processes goes on at 1, and a run killed at 1
     goes on sharded across 2, each ending where the uninterrupted sharded run ends (within
     1e-4: the order of float sums differs between counts). The rerun at the same count is
-    exact: tests/test_distributed_rl.py."""
+    exact: tests/system/test_distributed_rl.py."""
     overrides = SHARDED | {"sft.save_every": 5, "sft.epochs": 2}
     whole = trained(trained_project, tmp_path / "whole", "sft", overrides)
     uninterrupted = metrics(whole, "sft")

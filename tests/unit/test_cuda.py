@@ -1,6 +1,6 @@
 """The CUDA path: bf16 autocast rollouts and updates of every RL algorithm on a GPU, and a model
 trained there loading on a CPU. Skipped where torch sees no CUDA device; run them on a GPU host
-(`pytest tests/test_cuda.py`, or `bash benchmarks/gpu.sh setup cuda`)."""
+(`pytest tests/unit/test_cuda.py`, or `bash benchmarks/gpu.sh setup cuda`)."""
 
 import math
 

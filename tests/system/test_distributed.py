@@ -98,7 +98,7 @@ def test_a_full_tiny_run_at_two_processes_matches_one(trained_project, tmp_path,
 
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_stage_at_once_and_the_rerun_resumes(trained_project, tmp_path):
-    """A rerun at another count resumes too: tests/test_sharded.py."""
+    """A rerun at another count resumes too: tests/system/test_sharded.py."""
     overrides = {"sft.save_every": 5, "sft.epochs": 2}
     whole = stage_project(trained_project, tmp_path / "whole", "sft", overrides)
     assert run_stage(whole, "sft", 2).returncode == 0

@@ -12,7 +12,7 @@ from rlhf.params import (
     parse_params,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
