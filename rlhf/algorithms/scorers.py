@@ -21,7 +21,7 @@ from torch import Tensor
 from rlhf.algorithms.reward_model import score
 from rlhf.algorithms.rules import PAIR_RULES, RULES
 from rlhf.data.tokenizer import Tokenizer, pretrained_tokenizer
-from rlhf.models import checkpoint, hf
+from rlhf.models import checkpoint, hf, registry
 from rlhf.models.backbone import Backbone, freeze
 from rlhf.reward_sources import Source
 
@@ -126,7 +126,7 @@ def external_scorer(folder: Path, device: torch.device, bf16: bool = False) -> S
     """A reward model folder in Hugging Face layout: through our own backbones where we have
     its family, else through transformers (the `[hf]` extra), imported only here."""
     model_type = hf.read_config(folder).get("model_type")
-    if model_type in hf.FAMILIES:
+    if registry.reading(str(model_type)) is not None:
         return ExternalRewardScorer.load(folder, device, bf16)
     from rlhf.algorithms.transformers_scorer import TransformersRewardScorer
 

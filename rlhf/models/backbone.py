@@ -3,7 +3,8 @@
 A policy, a critic and a reward model are the same transformer trunk read three ways: next-token
 logits from the LM head, a per-token value from the value head, a per-token reward from the
 reward head. Sampling, RL, the reward model and DPO use only the methods below, so a new
-architecture (GPT-2, Llama, Qwen) is a subclass plus a registry entry, never a change to them.
+architecture (GPT-2, Llama, Qwen) is a subclass in a family folder plus a registry entry, never
+a change to them.
 """
 
 from __future__ import annotations

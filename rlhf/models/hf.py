@@ -2,8 +2,9 @@
 
 A folder as `save_pretrained` writes it (or as downloaded from the Hub): `config.json`, then
 `model.safetensors` or shards listed in `model.safetensors.index.json`. The config's
-`model_type` picks the backbone: `gpt2` loads into GPT (whose module names are GPT-2's),
-`llama`, `qwen2` and `qwen3` into the Llama-family backbone. Weights come through safetensors
+`model_type` picks the backbone family that reads it (`registry.py`: `gpt2` into GPT, `llama`,
+`qwen2` and `qwen3` into the Llama-family backbone), whose `convert.py` maps the config and
+the weights' names both ways. Weights come through safetensors
 only, never a pickle. The value and reward heads, which a language model lacks, keep their
 fresh initialization; every other parameter must come from the folder. A
 `*ForSequenceClassification` folder with one label (a reward model trained elsewhere) loads
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from rlhf.atomic import atomic_path
 from rlhf.data.tokenizer import Tokenizer, write_hf_tokenizer
 from rlhf.errors import CheckpointError
+from rlhf.models import registry
 from rlhf.models.backbone import Backbone
-from rlhf.models.registry import build
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -36,87 +36,6 @@ OWN_HEADS = ("value_head.", "reward_head.")  # ours, absent from a language mode
 SCORE_WEIGHT = "score.weight"  # a sequence classifier's head: our reward head, without bias
 # buffers old checkpoints saved that are recomputed here
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
-GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-Converted = tuple[str, dict[str, Any]]  # (backbone name, its config)
-
-
-GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF -> ours
-
-
-def gpt2_config(hf: dict[str, Any]) -> Converted:
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in GPT2_GELU:
-        raise ValueError(f"activation_function {activation!r}")
-    return "gpt", {
-        "vocab_size": hf["vocab_size"],
-        "block_size": hf["n_positions"],
-        "n_layer": hf["n_layer"],
-        "n_head": hf["n_head"],
-        "n_embd": hf["n_embd"],
-        "mlp_width": hf.get("n_inner") or 0,
-        "bias": True,
-        "gelu": GPT2_GELU[activation],
-    }
-
-
-def gpt2_weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """GPT-2's names without the `transformer.` prefix and with `h.` as `blocks.`; its
-    Conv1D layers store weights [in, out], transposed from nn.Linear's."""
-    out = {}
-    for name, tensor in state.items():
-        name = name.removeprefix("transformer.")
-        if name.startswith("h."):
-            name = "blocks." + name.removeprefix("h.")
-        out[name] = tensor.t() if name.endswith(GPT2_CONV1D) else tensor
-    return out
-
-
-def llama_config(hf: dict[str, Any]) -> Converted:
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in ("default", "llama3"):
-        raise ValueError(f"rope type {kind!r} (default and llama3 are supported)")
-    if hf.get("use_sliding_window"):
-        raise ValueError("use_sliding_window: true")
-    if hf.get("hidden_act", "silu") != "silu" or hf.get("mlp_bias"):
-        raise ValueError(f"hidden_act {hf.get('hidden_act')!r} or mlp_bias")
-    config = {
-        "vocab_size": hf["vocab_size"],
-        "block_size": hf["max_position_embeddings"],
-        "n_layer": hf["num_hidden_layers"],
-        "n_head": hf["num_attention_heads"],
-        "n_kv_head": hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        "n_embd": hf["hidden_size"],
-        "mlp_width": hf["intermediate_size"],
-        "head_dim": hf.get("head_dim") or 0,
-        "norm_eps": hf.get("rms_norm_eps", 1e-6),
-        "rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
-        # Qwen2 always biases q, k and v; Llama and Qwen3 say so in attention_bias
-        "qkv_bias": hf["model_type"] == "qwen2" or bool(hf.get("attention_bias")),
-        "qk_norm": hf["model_type"] == "qwen3",
-        "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
-    }
-    if kind == "llama3":
-        config |= {
-            "rope_original_max_len": rope["original_max_position_embeddings"],
-            "rope_factor": rope["factor"],
-            "rope_low_freq_factor": rope["low_freq_factor"],
-            "rope_high_freq_factor": rope["high_freq_factor"],
-        }
-    return "llama", config
-
-
-def llama_weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {name.removeprefix("model."): tensor for name, tensor in state.items()}
-
-
-FAMILIES: dict[str, tuple[Callable[[dict[str, Any]], Converted], Callable[..., dict]]] = {
-    "gpt2": (gpt2_config, gpt2_weights),
-    "llama": (llama_config, llama_weights),
-    "qwen2": (llama_config, llama_weights),
-    "qwen3": (llama_config, llama_weights),
-}
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -203,14 +122,15 @@ def check_sizes(path: Path, hf: dict[str, Any]) -> None:
 def _converted_config(folder: Path) -> tuple[str, str, dict[str, Any]]:
     hf = read_config(folder)
     model_type = hf.get("model_type")
-    if model_type not in FAMILIES:
+    family = registry.reading(model_type)
+    if family is None:
         raise CheckpointError(
             f"{folder / CONFIG_FILE}: model_type {model_type!r} is not supported; "
-            f"supported: {', '.join(FAMILIES)}"
+            f"supported: {', '.join(registry.model_types())}"
         )
     check_sizes(folder / CONFIG_FILE, hf)
     try:
-        return model_type, *FAMILIES[model_type][0](hf)
+        return model_type, family.model.name, family.config_from_hf(hf)
     except (KeyError, ValueError) as exc:
         raise CheckpointError(
             f"{folder / CONFIG_FILE}: unsupported or missing {exc} for {model_type}"
@@ -223,11 +143,11 @@ def load_folder(
     """The folder's model as a backbone, in float32, with fresh value and reward heads;
     `block_size` cuts its context (GPT-2 keeps that many position embeddings)."""
     folder = Path(folder)
-    model_type, name, config = config_of(folder, block_size)
+    _, name, config = config_of(folder, block_size)
     state: dict[str, Tensor] = {}
     for file in weight_files(folder):
         state |= load_file(file)
-    weights = FAMILIES[model_type][1](state)
+    weights = registry.family(name).weights_from_hf(state)
     weights = {k: v.float() for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}
     if "wpe.weight" in weights:  # learned positions: the first block_size of them
         weights["wpe.weight"] = weights["wpe.weight"][: config["block_size"]]
@@ -240,7 +160,7 @@ def load_folder(
             )
         weights["reward_head.weight"] = classifier
         weights["reward_head.bias"] = torch.zeros(1)
-    model = build(name, config)
+    model = registry.build(name, config)
     result = model.load_state_dict(weights, strict=False)
     tied = any(
         model.lm_head.weight is m.weight for m in model.modules() if isinstance(m, nn.Embedding)
@@ -257,82 +177,6 @@ def load_folder(
             f"unexpected {result.unexpected_keys[:5]}"
         )
     return model.to(device)
-
-
-# -- export ---------------------------------------------------------------------------------
-def gpt2_export(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict, dict]:
-    if not config["bias"]:
-        raise ValueError("GPT-2 has biases everywhere; this model was trained with bias: false")
-    hf = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": config["vocab_size"], "n_positions": config["block_size"],
-        "n_layer": config["n_layer"], "n_head": config["n_head"], "n_embd": config["n_embd"],
-        "n_inner": config["mlp_width"] or None, "layer_norm_epsilon": 1e-5,
-        "activation_function": {v: k for k, v in GPT2_GELU.items()}[config["gelu"]],
-        "tie_word_embeddings": True,
-    }  # fmt: skip
-    weights = {}
-    for name, tensor in state.items():
-        if name == "lm_head.weight":
-            continue  # tied to wte
-        if name.endswith(GPT2_CONV1D):
-            tensor = tensor.t()
-        if name.startswith("blocks."):
-            name = "h." + name.removeprefix("blocks.")
-        weights["transformer." + name] = tensor
-    return hf, weights
-
-
-def llama_context(config: dict[str, Any]) -> int:
-    """max_position_embeddings: the block_size, unless Llama-3 rope scaling stretches an
-    original context the block_size is within (a pretrained Llama-3 cut to a short
-    `model.block_size`), which transformers warns about; then original x factor, the most
-    the scaling stretches it to (Meta's Llama-3.2 configs state less: 131,072 where 8,192 x 32
-    is 262,144). The frequencies depend on the original context alone, so the logits are the
-    same either way, and the pipeline cuts the context to `model.block_size` again when it
-    loads the folder."""
-    original = config["rope_original_max_len"]
-    if not original or config["block_size"] > original:
-        return config["block_size"]
-    return round(original * config["rope_factor"])
-
-
-def llama_export(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict, dict]:
-    """As Qwen3 where heads are normalized, Qwen2 where q/k/v have biases, else Llama."""
-    model_type = "qwen3" if config["qk_norm"] else "qwen2" if config["qkv_bias"] else "llama"
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
-    if config["rope_original_max_len"]:
-        rope |= {
-            "rope_type": "llama3",
-            "original_max_position_embeddings": config["rope_original_max_len"],
-            "factor": config["rope_factor"],
-            "low_freq_factor": config["rope_low_freq_factor"],
-            "high_freq_factor": config["rope_high_freq_factor"],
-        }
-    architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                    "qwen3": "Qwen3ForCausalLM"}[model_type]  # fmt: skip
-    hf = {
-        "architectures": [architecture], "model_type": model_type,
-        "vocab_size": config["vocab_size"], "max_position_embeddings": llama_context(config),
-        "num_hidden_layers": config["n_layer"], "num_attention_heads": config["n_head"],
-        "num_key_value_heads": config["n_kv_head"], "hidden_size": config["n_embd"],
-        "intermediate_size": config["mlp_width"],
-        "head_dim": config["head_dim"] or config["n_embd"] // config["n_head"],
-        "rms_norm_eps": config["norm_eps"], "hidden_act": "silu",
-        "attention_bias": config["qkv_bias"] and model_type != "qwen2",
-        "tie_word_embeddings": config["tie_embeddings"],
-        "rope_parameters": rope, "rope_theta": config["rope_theta"],
-        "rope_scaling": rope if config["rope_original_max_len"] else None,
-    }  # fmt: skip
-    weights = {
-        name if name == "lm_head.weight" else "model." + name: tensor
-        for name, tensor in state.items()
-        if not (config["tie_embeddings"] and name == "lm_head.weight")
-    }
-    return hf, weights
-
-
-EXPORTERS = {"gpt": gpt2_export, "llama": llama_export}
 
 
 def token_ids(tokenizer: Tokenizer | None) -> dict[str, int | None]:
@@ -367,7 +211,7 @@ def save_folder(
         for name, tensor in model.state_dict().items()
         if not name.startswith(OWN_HEADS)
     }
-    hf, weights = EXPORTERS[model.name](config, state)
+    hf, weights = registry.family(model.name).to_hf(config, state)
     if reward_model:
         weights.pop("lm_head.weight", None)
         weights[SCORE_WEIGHT] = model.reward_head.weight.detach().cpu().float().contiguous()

@@ -3,6 +3,7 @@ random models of each family, saved with `save_pretrained`, loaded with `rlhf.mo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -14,9 +15,12 @@ import torch
 
 from rlhf.data.tokenizer import Tokenizer, save_tokenizer
 from rlhf.errors import CheckpointError
+from rlhf.models import registry
 from rlhf.models.backbone import freeze
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.hf import load_folder, save_folder
+from rlhf.models.llama import LlamaConfig
+from rlhf.models.llama import convert as llama_convert
 from rlhf.models.packing import packed_hidden_states
 from rlhf.models.registry import build
 from rlhf.sampling.forward import response_forward
@@ -310,3 +314,27 @@ def test_an_export_loads_in_transformers_without_a_warning(
     else:
         expected = ours(ids)
     assert (logits - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("switches", "model_type", "attention_bias"),
+    [
+        ({}, "llama", False),
+        ({"qkv_bias": True}, "qwen2", False),  # Qwen2 biases q, k and v without saying so
+        ({"qk_norm": True}, "qwen3", False),
+        ({"qk_norm": True, "qkv_bias": True}, "qwen3", True),  # only Qwen3 normalizes heads
+    ],
+)
+def test_a_llama_family_model_is_written_as_the_family_that_holds_it(
+    switches, model_type, attention_bias
+):
+    """The Llama backbone's Hugging Face families are one table (`llama/convert.py`): the
+    model is written as the most specific family that can hold it, and reads back the same."""
+    config = dataclasses.asdict(LlamaConfig(vocab_size=VOCAB, **switches))
+    hf, _ = llama_convert.to_hf(config, {})
+    assert (hf["model_type"], hf["attention_bias"]) == (model_type, attention_bias)
+    assert registry.reading(model_type) is registry.family("llama")
+    read = llama_convert.config_from_hf(hf)
+    assert {k: read[k] for k in ("qkv_bias", "qk_norm")} == {
+        k: config[k] for k in ("qkv_bias", "qk_norm")
+    }
