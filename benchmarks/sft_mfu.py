@@ -38,7 +38,7 @@ from rlhf.algorithms import sft
 from rlhf.data.chat import Example
 from rlhf.models.hf import load_folder
 from rlhf.params import SFTParams
-from rlhf.train.loop import fit
+from rlhf.train.loop import Callbacks, Objective, ResumeFile, fit
 
 TARGET_MFU = 0.48  # of the measured peak, by train.compile's CUDA default
 TARGET_TOKENS_PER_S = 450_000
@@ -97,16 +97,15 @@ def step_seconds(
         fit(
             model,
             SFTParams(epochs=1, batch_size=batch, lr=6e-4, warmup_steps=0, save_every=10**9),
+            Objective(
+                batch_loss=lambda rows: sft.batch_loss(model, [examples[i] for i in rows], pad),
+                units=lambda rows: sum(examples[i].target_count for i in rows),
+            ),
             seed=0,
             n_examples=len(examples),
-            batch_loss=lambda rows: sft.batch_loss(model, [examples[i] for i in rows], pad),
-            units=lambda rows: sum(examples[i].target_count for i in rows),
-            evaluate=dict,
             device=device,
-            resume_file=Path(tmp) / "resume.pt",
-            fingerprint="benchmark",
-            on_step=on_step,
-            log=lambda line: None,
+            resume=ResumeFile(Path(tmp) / "resume.pt", "benchmark"),
+            callbacks=Callbacks(on_step=on_step, log=lambda line: None),
         )
     seconds = [b - a for a, b in zip([started, *ends[:-1]], ends, strict=True)]
     return seconds, batch * shape.n_positions

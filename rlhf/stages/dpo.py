@@ -25,7 +25,7 @@ from rlhf.stages.support import fitting, paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.specs import StageSpec, trained_outputs
-from rlhf.train.loop import History
+from rlhf.train.loop import History, Objective
 
 LOGPS = ("chosen_logp", "rejected_logp")
 
@@ -79,20 +79,19 @@ def run() -> dict[str, Any]:
     def validation() -> dict[str, float]:
         return mean_pair_loss(policy, val_groups, val_reference, pad, cfg, chunk)
 
-    history, policy = fitting.fit(
-        stage,
-        policy,
-        cfg,
-        n_examples=len(train),
-        lengths=[g.tokens for g in train_groups],
+    objective = Objective(
         batch_loss=batch_loss,
         units=lambda rows: paired([train_groups[i] for i in rows]),  # prompts with a pair
+        step_stats=lambda: dict(last_batch),
         evaluate=validation,
         fresh_extra=validation,  # the same measures for the SFT policy, before training
-        step_stats=lambda: dict(last_batch),
+    )
+    history, policy = fitting.fit(
+        stage, policy, cfg, objective, n_examples=len(train),
+        lengths=[g.tokens for g in train_groups],
         status=lambda loss: f"loss {loss:.3f} acc {last_batch['reward_accuracy']:.2f}",
         dropout=False,
-    )
+    )  # fmt: skip
     logprobs = all_logprobs(policy, val_groups, pad, chunk)
     implicit = implicit_rewards(val_groups, logprobs, val_reference, cfg.beta)
     metrics = comparison_metrics(val, implicit, response_lengths(tokenizer, val)) | summary(history)

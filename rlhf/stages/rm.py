@@ -24,6 +24,7 @@ from rlhf.stages.support import fitting, paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.specs import StageSpec, trained_outputs
+from rlhf.train.loop import Objective
 
 SPEC = StageSpec(
     "rm",
@@ -52,12 +53,7 @@ def run() -> dict[str, Any]:
     train_groups, val_groups = (
         encode_groups(tokenizer, rows, model.max_seq_len) for rows in (train, val)
     )
-    history, model = fitting.fit(
-        stage,
-        model,
-        cfg,
-        n_examples=len(train),
-        lengths=[g.tokens for g in train_groups],
+    objective = Objective(
         batch_loss=lambda rows: group_loss(
             model, [train_groups[i] for i in rows], pad, cfg.pooling
         ),
@@ -66,6 +62,10 @@ def run() -> dict[str, Any]:
             "val_loss": mean_group_loss(model, val_groups, pad, cfg.pooling, cfg.batch_size)
         },
     )
+    history, model = fitting.fit(
+        stage, model, cfg, objective, n_examples=len(train),
+        lengths=[g.tokens for g in train_groups],
+    )  # fmt: skip
     demos = read_rows(paths.SFT_TRAIN, SFT_SCHEMA)[: cfg.norm_samples]
     shift, std = normalize(
         model,

@@ -24,6 +24,7 @@ from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.folders import init_folder, require_tracked
 from rlhf.stages.support.specs import StageSpec, trained_outputs
+from rlhf.train.loop import Objective
 from rlhf.train.memory import preflight
 
 SPEC = StageSpec(
@@ -78,16 +79,13 @@ def run() -> dict[str, Any]:
         gold_eval, tokenizer=tokenizer, heldout=heldout, max_new_tokens=p.sft.eval_max_new_tokens,
         seed=p.seed, batch_size=p.sft.eval_batch_size,
     )  # fmt: skip
-    history, model = fitting.fit(
-        stage,
-        model,
-        p.sft,
-        n_examples=len(train),
+    objective = Objective(
         batch_loss=lambda rows: sft.batch_loss(model, [train[i] for i in rows], pad),
         units=lambda rows: sum(train[i].target_count for i in rows),  # a token-mean loss
         evaluate=lambda: {"val_loss": sft.validation_loss(model, val, pad, p.sft.batch_size)},
         fresh_extra=lambda: {"untrained": judge(model, greedy=True)},
     )
+    history, model = fitting.fit(stage, model, p.sft, objective, n_examples=len(train))
     greedy, sampled = judge(model, greedy=True), judge(model, greedy=False)
     untrained = history.extra["untrained"]
     metrics = {

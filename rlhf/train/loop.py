@@ -30,7 +30,7 @@ from rlhf.train.device import autocast, compile_report, rng_state, set_rng_state
 from rlhf.train.distributed import World, barrier, globally_normalized, sum_across
 from rlhf.train.guard import NonFiniteError, grad_norm, require_finite
 from rlhf.train.optim import adamw, lr_at, set_lr
-from rlhf.train.sharding import hold
+from rlhf.train.sharding import Holder, hold
 
 RESUME_KEYS = ("model", "optimizer", "rng", "step", "steps", "epochs", "extra")
 
@@ -158,145 +158,189 @@ def batch_order(
     return [i for batch in shuffled for i in batch] + order[n_full * batch_size :]
 
 
+@dataclass
+class Objective:
+    """What a stage trains: the loss of a batch (example indices -> mean loss, tokens) and
+    what it averages over (`units`: examples by default; tokens for a token-mean loss, which
+    data parallelism weighs each rank's mean by), what else the batch measured for that
+    step's row (`step_stats`: DPO's implicit-reward accuracy, say), the evaluation after each
+    epoch, and what a fresh start records before training (`fresh_extra`: an untrained
+    baseline, say; on resume its saved value comes back in `History.extra`)."""
+
+    batch_loss: BatchLoss
+    units: BatchUnits = len
+    step_stats: Callable[[], dict[str, float]] = dict
+    evaluate: Callable[[], dict[str, float]] = dict
+    fresh_extra: Callable[[], dict[str, Any]] = dict
+
+
+@dataclass
+class Callbacks:
+    """What the loop tells its caller: each finished step (step, total, train loss: a progress
+    bar), each step's point of the training curves (`curve_points`; on resume first those of
+    the restored history, so a fresh curve log ends with every step once), and log lines."""
+
+    on_step: Callable[[int, int, float], None] = lambda step, total, loss: None
+    on_point: OnPoint = lambda step, values: None
+    log: Callable[[str], None] = print
+
+
+@dataclass(frozen=True)
+class ResumeFile:
+    """Where the resume state goes, and the fingerprint of the run it belongs to."""
+
+    path: Path
+    fingerprint: str
+
+
+@dataclass
+class Training:
+    """One run of the loop, as its named steps: `train_step`, `end_epoch`, `save`, `report`."""
+
+    model: Backbone
+    opt: OptimParams
+    objective: Objective
+    callbacks: Callbacks
+    resume: ResumeFile
+    device: torch.device
+    world: World
+    dropout: bool
+    held: Holder  # the model as `train.strategy` trains it
+    optimizer: torch.optim.Optimizer
+    total: int  # steps
+    history: History = field(default_factory=History)
+    saved: int = 0  # the last step the resume file holds
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a saved resume state: weights, optimizer, RNG and history."""
+        self.held.load(self.optimizer, state["model"], state["optimizer"])
+        set_rng_state(state["rng"])
+        self.history.steps, self.history.epochs = state["steps"], state["epochs"]
+        self.history.extra = state["extra"]
+        self.history.resumed_from = self.saved = state["step"]
+        self.callbacks.log(f"resuming from step {self.saved} of {self.total}")
+        for point in curve_points(self.history.steps, self.history.epochs):
+            self.callbacks.on_point(*point)
+
+    def train_step(self, step: int, epoch: int, batch: list[int]) -> None:
+        """One optimizer step on this global `batch` (this rank's share of it), its row
+        appended to the history; a non-finite loss or gradient norm raises before the update."""
+        opt, world = self.opt, self.world
+        started = time.perf_counter()
+        lr = lr_at(step, opt.lr, opt.warmup_steps, self.total, opt.min_lr_ratio)
+        set_lr(self.optimizer, lr)
+        rows, holds_rows = world.shard(batch)
+        with autocast(self.device, opt.bf16):
+            loss, tokens = self.held.loss(self.objective.batch_loss, rows)
+        mine = self.objective.units(rows) if holds_rows else 0
+        train_loss, stats, total_units, tokens = global_step(
+            world, loss, mine, tokens if holds_rows else 0, self.objective.step_stats(),
+            self.device,
+        )  # fmt: skip
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            globally_normalized(loss, mine / total_units, world).backward()
+            norm = grad_norm(self.model.parameters(), opt.grad_clip)
+            train_loss, norm = read_together(train_loss, norm)
+            require_finite(step + 1, {"train_loss": train_loss}, stats)
+            require_finite(step + 1, {"grad_norm": norm})
+        except NonFiniteError as exc:
+            if self.saved:
+                exc.last_good = f"{self.resume.path} (step {self.saved})"
+            raise
+        self.optimizer.step()
+        self.history.seconds += time.perf_counter() - started
+        self.history.tokens += tokens
+        row = {"step": step + 1, "epoch": epoch + 1, "lr": lr, "train_loss": train_loss}
+        self.history.steps.append(row | stats)
+
+    def end_epoch(self, epoch: int) -> None:
+        """The epoch's mean training loss and the evaluation, in eval mode, logged."""
+        losses = [r["train_loss"] for r in self.history.steps if r["epoch"] == epoch + 1]
+        self.model.eval()
+        with torch.no_grad():
+            scores = self.held.evaluate(self.objective.evaluate)
+        self.model.train(self.dropout)
+        row = {"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), **scores}
+        self.history.epochs.append(row)
+        self.callbacks.log(
+            f"epoch {epoch + 1}/{self.opt.epochs}: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")
+        )
+
+    def save(self, step: int) -> None:
+        """The resume state after `step`: gathered on every rank, written by rank 0."""
+        model_state, optimizer_state = self.held.state(self.optimizer)
+        if self.world.is_main:
+            state = {
+                "model": model_state, "optimizer": optimizer_state, "rng": rng_state(),
+                "step": step, "steps": self.history.steps, "epochs": self.history.epochs,
+                "extra": self.history.extra,
+            }  # fmt: skip
+            checkpoint.save_resume(self.resume.path, self.resume.fingerprint, state)
+        self.saved = step
+
+    def report(self, step: int) -> None:
+        """The step's point of the training curves, and the step itself."""
+        self.callbacks.on_point(*curve_points(self.history.steps[-1:], self.history.epochs)[0])
+        self.callbacks.on_step(step, self.total, self.history.steps[-1]["train_loss"])
+
+
 def fit(
     model: Backbone,
     opt: OptimParams,
+    objective: Objective,
     *,
     seed: int,
     n_examples: int,
-    batch_loss: BatchLoss,
-    evaluate: Callable[[], dict[str, float]],
     device: torch.device,
-    resume_file: Path,
-    fingerprint: str,
+    resume: ResumeFile,
     lengths: Sequence[int] | None = None,
-    units: BatchUnits = len,
-    fresh_extra: Callable[[], dict[str, Any]] = dict,
-    step_stats: Callable[[], dict[str, float]] = dict,
-    on_step: Callable[[int, int, float], None] = lambda step, total, loss: None,
-    on_point: OnPoint = lambda step, values: None,
-    log: Callable[[str], None] = print,
+    callbacks: Callbacks = Callbacks(),  # noqa: B008 (never changed)
     dropout: bool = True,
     world: World = World(),  # noqa: B008 (frozen)
     strategy: str = "ddp",
 ) -> tuple[History, Backbone]:
-    """Train for `opt.epochs` epochs over `n_examples`; `evaluate` runs after each epoch.
-    Returns the history and the trained model, whole: `model` itself, or under `strategy`
-    fsdp2 with several processes a plain copy gathered from its shards (`model` then stays
-    sharded; use the returned one).
+    """Train `objective` for `opt.epochs` epochs over `n_examples`, resuming from `resume`
+    where it holds this run's state. Returns the history and the trained model, whole:
+    `model` itself, or under `strategy` fsdp2 with several processes a plain copy gathered
+    from its shards (`model` then stays sharded; use the returned one).
 
-    `lengths` (tokens per example) turns on length-bucketed batches (`batch_order`). `units`
-    says what `batch_loss` averages over (examples by default; tokens for a token-mean loss):
-    under data parallelism the global loss weighs each rank's mean by it.
-    `fresh_extra` is called only on a fresh start (an untrained baseline, say); on resume its
-    saved value comes back in `History.extra`. `step_stats` returns what the last batch
-    measured besides its loss (DPO's implicit-reward accuracy, say) for that step's row.
-    `on_point` receives each step's point of the training curves (`curve_points`), on resume
-    first those of the restored history, so a fresh curve log ends with every step once.
+    `lengths` (tokens per example) turns on length-bucketed batches (`batch_order`).
     `dropout` False trains in eval mode: DPO's log-ratios to a reference computed without
     dropout must start at exactly zero, not at the noise dropout adds. A non-finite loss or
     gradient norm raises `NonFiniteError` before its update (`rlhf.train.guard`).
     """
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
     total = opt.epochs * steps_per_epoch
-    history = History()
-    state = resume_state(resume_file, fingerprint, world, log)
+    state = resume_state(resume.path, resume.fingerprint, world, callbacks.log)
+    extra = None
     if state is None:
         model.eval()
         with torch.no_grad():
-            history.extra = fresh_extra()
+            extra = objective.fresh_extra()
     held = hold(model, strategy, world, device, opt.bf16)  # the optimizer takes its parameters
     optimizer = adamw(model, opt.lr, opt.weight_decay, (opt.beta1, opt.beta2))
-    if state is not None:
-        held.load(optimizer, state["model"], state["optimizer"])
-        set_rng_state(state["rng"])
-        history.steps, history.epochs, history.extra = (
-            state["steps"],
-            state["epochs"],
-            state["extra"],
-        )
-        history.resumed_from = state["step"]
-        log(f"resuming from step {history.resumed_from} of {total}")
-        for point in curve_points(history.steps, history.epochs):
-            on_point(*point)
-
+    run = Training(
+        model, opt, objective, callbacks, resume, device, world, dropout, held, optimizer, total
+    )
+    if state is None:
+        run.history.extra = extra
+    else:
+        run.restore(state)
     model.train(dropout)
     order: list[int] = []
-    saved = history.resumed_from
-    for step in range(history.resumed_from, total):
+    for step in range(run.history.resumed_from, total):
         epoch, index = divmod(step, steps_per_epoch)
         if index == 0 or not order:
             order = batch_order(n_examples, seed, epoch, lengths, opt.batch_size)
-        started = time.perf_counter()
-        lr = lr_at(step, opt.lr, opt.warmup_steps, total, opt.min_lr_ratio)
-        set_lr(optimizer, lr)
-        rows, holds_rows = world.shard(order[index * opt.batch_size :][: opt.batch_size])
-        with autocast(device, opt.bf16):
-            loss, tokens = held.loss(batch_loss, rows)
-        mine = units(rows) if holds_rows else 0
-        train_loss, stats, total_units, tokens = global_step(
-            world, loss, mine, tokens if holds_rows else 0, step_stats(), device
-        )
-        optimizer.zero_grad(set_to_none=True)
-        try:
-            globally_normalized(loss, mine / total_units, world).backward()
-            norm = grad_norm(model.parameters(), opt.grad_clip)
-            train_loss, norm = read_together(train_loss, norm)
-            require_finite(step + 1, {"train_loss": train_loss}, stats)
-            require_finite(step + 1, {"grad_norm": norm})
-        except NonFiniteError as exc:
-            exc.last_good = f"{resume_file} (step {saved})" if saved else exc.last_good
-            raise
-        optimizer.step()
-        history.seconds += time.perf_counter() - started
-        history.tokens += tokens
-        history.steps.append(
-            {
-                "step": step + 1,
-                "epoch": epoch + 1,
-                "lr": lr,
-                "train_loss": train_loss,
-                **stats,
-            }
-        )
-
+        run.train_step(step, epoch, order[index * opt.batch_size :][: opt.batch_size])
         if index == steps_per_epoch - 1:
-            epoch_losses = [r["train_loss"] for r in history.steps if r["epoch"] == epoch + 1]
-            model.eval()
-            with torch.no_grad():
-                scores = held.evaluate(evaluate)
-            model.train(dropout)
-            history.epochs.append(
-                {
-                    "epoch": epoch + 1,
-                    "train_loss": sum(epoch_losses) / len(epoch_losses),
-                    **scores,
-                }
-            )
-            log(
-                f"epoch {epoch + 1}/{opt.epochs}: "
-                + ", ".join(f"{k} {v:.4f}" for k, v in history.epochs[-1].items() if k != "epoch")
-            )
+            run.end_epoch(epoch)
         if (step + 1) % opt.save_every == 0 and step + 1 < total:
-            model_state, optimizer_state = held.state(optimizer)  # every rank: gathered
-            if world.is_main:
-                checkpoint.save_resume(
-                    resume_file,
-                    fingerprint,
-                    {
-                        "model": model_state,
-                        "optimizer": optimizer_state,
-                        "rng": rng_state(),
-                        "step": step + 1,
-                        "steps": history.steps,
-                        "epochs": history.epochs,
-                        "extra": history.extra,
-                    },
-                )
-            saved = step + 1
-        on_point(*curve_points(history.steps[-1:], history.epochs)[0])
-        on_step(step + 1, total, train_loss)
+            run.save(step + 1)
+        run.report(step + 1)
     if report := compile_report():
-        log(report)
+        callbacks.log(report)
     model.eval()
-    return history, held.whole_model()
+    return run.history, held.whole_model()

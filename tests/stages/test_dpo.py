@@ -21,7 +21,7 @@ from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.params import DPOParams
 from rlhf.stages.support.metric_files import read_metrics
 from rlhf.train.device import autocast
-from rlhf.train.loop import fit
+from rlhf.train.loop import Callbacks, Objective, ResumeFile, fit
 
 from conftest import assert_resume_matches, curves, kill_at_first_save, make_project
 
@@ -110,9 +110,9 @@ def test_dpo_trains_without_dropout_so_log_ratios_start_at_zero(trained_project,
         first.update(loss=loss.item(), margin=stats["reward_margin"])
         return loss, tokens
 
-    fit(policy, cfg, seed=0, n_examples=cfg.batch_size, batch_loss=batch_loss, evaluate=dict,
-        device=torch.device("cpu"), resume_file=tmp_path / "resume.pt", fingerprint="x",
-        log=lambda line: None, dropout=dropout)  # fmt: skip
+    fit(policy, cfg, Objective(batch_loss), seed=0, n_examples=cfg.batch_size,
+        device=torch.device("cpu"), resume=ResumeFile(tmp_path / "resume.pt", "x"),
+        callbacks=Callbacks(log=lambda line: None), dropout=dropout)  # fmt: skip
     off = abs(first["margin"]) < 1e-5 and first["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert off != dropout, first
 

@@ -22,7 +22,7 @@ from rlhf.sampling.forward import response_forward
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.train.device import autocast
-from rlhf.train.loop import fit
+from rlhf.train.loop import Callbacks, Objective, ResumeFile, fit
 from rlhf.train.optim import adamw
 
 from test_decoding import MODELS, SAMPLINGS, decode
@@ -110,11 +110,11 @@ def test_a_model_trained_on_cuda_in_bf16_loads_on_a_cpu_with_its_logits(tokenize
     policy = model(tokenizer)
     examples = [encode_example(tokenizer, p, str(2 * i + 2), 64) for i, p in enumerate(PROMPTS)]
     pad = tokenizer.pad_id
+    objective = Objective(lambda rows: sft.batch_loss(policy, [examples[i] for i in rows], pad))
     history, trained = fit(
         policy, SFTParams(epochs=30, batch_size=8, lr=1e-2, warmup_steps=0, save_every=10**6),
-        seed=0, n_examples=len(examples), evaluate=dict, device=CUDA,
-        batch_loss=lambda rows: sft.batch_loss(policy, [examples[i] for i in rows], pad),
-        resume_file=tmp_path / "resume.pt", fingerprint="cuda", log=lambda line: None,
+        objective, seed=0, n_examples=len(examples), device=CUDA,
+        resume=ResumeFile(tmp_path / "resume.pt", "cuda"), callbacks=Callbacks(log=lambda _: None),
     )  # fmt: skip
     losses = [row["train_loss"] for row in history.steps]
     print(f"bf16 SFT on CUDA: loss {losses[0]:.3f} -> {losses[-1]:.3f}")

@@ -21,14 +21,10 @@ def fit(
     stage: StageRun,
     model: Backbone,
     opt: OptimParams,
+    objective: loop.Objective,
     *,
     n_examples: int,
-    batch_loss: loop.BatchLoss,
-    evaluate: Callable[[], dict[str, float]],
     lengths: Sequence[int] | None = None,
-    units: loop.BatchUnits = len,
-    fresh_extra: Callable[[], dict[str, Any]] = dict,
-    step_stats: Callable[[], dict[str, float]] = dict,
     status: Callable[[float], str] = lambda loss: f"loss {loss:.3f}",
     dropout: bool = True,
 ) -> tuple[loop.History, Backbone]:
@@ -37,25 +33,23 @@ def fit(
     `train.strategy`; returns the history and the trained model, whole."""
     with reporting(stage) as (bar, curves):
         task = bar.add_task(stage.spec.address, total=None, extra="")
-        return loop.fit(
-            model,
-            opt,
-            seed=stage.params.seed,
-            n_examples=n_examples,
-            batch_loss=batch_loss,
-            evaluate=evaluate,
-            device=stage.device,
-            resume_file=stage.spec.resume_file,
-            fingerprint=stage.fingerprint(),
-            lengths=lengths,
-            units=units,
-            fresh_extra=fresh_extra,
-            step_stats=step_stats,
+        callbacks = loop.Callbacks(
             on_step=lambda step, total, loss: bar.update(
                 task, completed=step, total=total, extra=status(loss)
             ),
             on_point=curves.log,
             log=stage.log,
+        )
+        return loop.fit(
+            model,
+            opt,
+            objective,
+            seed=stage.params.seed,
+            n_examples=n_examples,
+            device=stage.device,
+            resume=loop.ResumeFile(stage.spec.resume_file, stage.fingerprint()),
+            lengths=lengths,
+            callbacks=callbacks,
             dropout=dropout,
             world=stage.world,
             strategy=stage.params.train.strategy,
