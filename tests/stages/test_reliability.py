@@ -128,8 +128,9 @@ def test_nan_loss_stops_the_loop_before_its_update_and_names_the_last_resume(tmp
     opt = OptimParams(epochs=5, batch_size=2, save_every=2, warmup_steps=0)
     with pytest.raises(NonFiniteError) as caught:
         loop.fit(
-            model, opt, seed=0, n_examples=4, batch_loss=batch_loss, evaluate=dict,
-            device=torch.device("cpu"), resume_file=resume, fingerprint="f", log=lambda _: None,
+            model, opt, loop.Objective(batch_loss), seed=0, n_examples=4,
+            device=torch.device("cpu"), resume=loop.ResumeFile(resume, "f"),
+            callbacks=loop.Callbacks(log=lambda _: None),
         )  # fmt: skip
     message = str(caught.value)
     assert message.startswith("training step 3: non-finite train_loss nan")
