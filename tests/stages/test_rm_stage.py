@@ -1,4 +1,5 @@
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from rlhf.params import ParamsError, parse_params
 from rlhf.stages.support.metric_files import read_metrics
 from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
 
-from conftest import clean_env, make_project, run_module, write_params
+from conftest import REPO, clean_env, make_project, run_module, write_params
 
 runner = CliRunner()
 RM_KEYS = {"acc_noisy", "acc_gold", "acc_gold_margin_ge_0_2", "acc_gold_by_margin",
@@ -84,6 +85,19 @@ def test_rm_metrics_and_normalized_checkpoint(trained_project):
     assert payload["reward_std"] == pytest.approx(metrics["reward_std"], abs=1e-6)
 
 
+def test_the_default_runs_reward_model_beats_chance_on_held_out_comparisons():
+    """The tiny config's reward model is too small to learn (about chance); the default run
+    is what shows the reward model learns. Its metrics are committed, and CI checks that the
+    README's `dvc repro` reproduces them, so they are this code's numbers: accuracy against
+    the gold judge and against the noisy labels, each well above 1/2 (the bound: 4 standard
+    errors of a proportion over the held-out pairs)."""
+    metrics = read_metrics("rm", REPO)
+    pairs = metrics["pairs_val"]
+    for key in ("acc_gold", "acc_noisy"):
+        accuracy = metrics[key]
+        assert accuracy - 4 * math.sqrt(accuracy * (1 - accuracy) / pairs) > 0.5, key
+
+
 def test_score_cli_centres_demonstrations_and_prints_json(trained_project, tmp_path, monkeypatch):
     monkeypatch.chdir(trained_project)
     result = runner.invoke(
@@ -117,6 +131,8 @@ def test_score_cli_rejects_unpaired_input_and_policy_checkpoints(trained_project
 
 
 def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_path):
+    """HH-RLHF transcripts imported as comparisons train a reward model that prefers what
+    they chose: a greeting over a rebuff, for names it never saw."""
     project = make_project(tmp_path / "p")
     for part in ("artifacts", "data"):  # reuse tokenizer and SFT: only collect + rm run here
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
@@ -130,7 +146,7 @@ def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_pat
     out = project / "data" / "raw" / "comparisons.parquet"
     result = runner.invoke(app, ["import", str(source), "--kind", "hh", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    write_params(project, {"collect.source": "files"})
+    write_params(project, {"collect.source": "files", "rm.epochs": 10})
     run_module("rlhf.stages.collect", project)
     rows = read_rows(
         project / "data" / "collected" / "comparisons_train.parquet", COMPARISON_SCHEMA
@@ -138,7 +154,13 @@ def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_pat
     assert rows[0]["prompt"].startswith("Human: Greet") and rows[0]["gold_scores"] == []
     run_module("rlhf.stages.rm", project)
     metrics = read_metrics("rm", project)
-    assert metrics["acc_gold"] is None and metrics["acc_noisy"] is not None
+    assert metrics["acc_gold"] is None and metrics["acc_noisy"] == 1.0  # held-out pairs
+    tokenizer = load_tokenizer(project / "artifacts" / "tokenizer")
+    scorer = RewardModelScorer.load(project / "artifacts" / "rm" / "model.pt", tokenizer, "cpu")
+    prompts = [f"Human: Greet {n}." for n in ("Kim", "Lou", "Max")]
+    greeted = scorer(prompts, [f"Hello, {n}!" for n in ("Kim", "Lou", "Max")])
+    rebuffed = scorer(prompts, ["Go away."] * 3)
+    assert (greeted > rebuffed).all(), (greeted, rebuffed)
 
 
 def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, tmp_path):
