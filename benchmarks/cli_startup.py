@@ -27,8 +27,10 @@ def main() -> None:
         seconds.append(time.perf_counter() - started)
     median = statistics.median(seconds)
     print(f"{'command':<16}{'runs':>6}{'median s':>10}{'worst s':>10}{'target s':>10}")
-    print(f"{'rlhf --help':<16}{args.runs:>6}{median:>10.3f}{max(seconds):>10.3f}"
-          f"{TARGET_MEDIAN_S:>10.1f}")  # fmt: skip
+    print(
+        f"{'rlhf --help':<16}{args.runs:>6}{median:>10.3f}{max(seconds):>10.3f}"
+        f"{TARGET_MEDIAN_S:>10.1f}"
+    )
     write_result(
         args.out,
         {

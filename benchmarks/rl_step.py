@@ -61,9 +61,11 @@ def iteration_seconds(algorithm: str, vocab: int, tokenizer) -> dict:
     trainer.iteration()  # warm-up
     runs = [trainer.iteration()[0] for _ in range(ITERATIONS)]
     return {
-        "algorithm": algorithm, "answers": ANSWERS, "new_tokens": NEW_TOKENS,
+        "algorithm": algorithm,
+        "answers": ANSWERS,
+        "new_tokens": NEW_TOKENS,
         **iteration_summary(runs),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:

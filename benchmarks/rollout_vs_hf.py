@@ -264,8 +264,10 @@ def main() -> None:
         },
     )
     if not sampler_right:
-        print("NOT the eager sampler: fewer than half the rows identical, or log-probs "
-              f"{check['compiled_logprob_gap']:.1e} apart")  # fmt: skip
+        print(
+            "NOT the eager sampler: fewer than half the rows identical, or log-probs "
+            f"{check['compiled_logprob_gap']:.1e} apart"
+        )
     if not same or not sampler_right:
         raise SystemExit(1)
 

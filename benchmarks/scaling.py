@@ -38,8 +38,9 @@ NEVER = 10**9  # save_every: no resume state in a timed run
 def scratch_project(directory: Path, stage: str, length: int, device: str) -> Path:
     """A copy of the repository's code, params and the stage's inputs, training `length`
     epochs (iterations of an RL stage)."""
-    shutil.copytree(REPOSITORY / "rlhf", directory / "rlhf",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        REPOSITORY / "rlhf", directory / "rlhf", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for part in INPUTS:
         shutil.copytree(REPOSITORY / part, directory / part)
     params = yaml.safe_load((REPOSITORY / "params.yaml").read_text())
@@ -57,8 +58,9 @@ def timed_run(project: Path, stage: str, nproc: int, threads: int) -> dict:
     env = os.environ | {"RLHF_NPROC": str(nproc), "OMP_NUM_THREADS": str(max(1, threads // nproc))}
     started = time.perf_counter()
     command = ["rlhf.stages.rl", stage] if stage in RL_STAGES else [f"rlhf.stages.{stage}"]
-    done = subprocess.run([sys.executable, "-m", *command], cwd=project, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", *command], cwd=project, env=env, capture_output=True, text=True
+    )
     if done.returncode:
         raise SystemExit(f"{stage} at {nproc} processes failed:\n{done.stderr[-2000:]}")
     timings = json.loads((project / "timings" / f"{stage}.json").read_text())

@@ -191,9 +191,10 @@ def model_folder(template: str = CHATML, **config: object) -> Callable[[Path], N
         bpe.decoder = decoders.ByteLevel()
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         trainer = trainers.BpeTrainer(
-            vocab_size=300, special_tokens=specials,
+            vocab_size=300,
+            special_tokens=specials,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )  # fmt: skip
+        )
         bpe.train_from_iterator(["Say hi. Hi! How are you?"] * 4, trainer)
         bpe.save(str(folder / "tokenizer.json"))
         roles = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
@@ -527,8 +528,9 @@ def entries_of(case: Case, wanted: set[str]) -> dict[str, list[str]]:
 
 def build_base(root: Path) -> Path:
     project = init_dvc_repo(make_project(root / "base"))
-    done = subprocess.run(["dvc", "repro", "rm"], cwd=project, env=clean_env(),
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["dvc", "repro", "rm"], cwd=project, env=clean_env(), capture_output=True, text=True
+    )
     if done.returncode:
         raise SystemExit(done.stdout + done.stderr)
     return project

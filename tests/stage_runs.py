@@ -39,8 +39,10 @@ RL_ONE_STEP = {  # one iteration of one optimizer step: all 8 answers in one min
         "grpo.update_epochs": 1,
     },
 }
-RL_LOSSES = {"ppo": ("value_loss", "ptx_loss", "entropy", "approx_kl"),
-             "grpo": ("kl_loss", "entropy", "approx_kl")}  # fmt: skip
+RL_LOSSES = {
+    "ppo": ("value_loss", "ptx_loss", "entropy", "approx_kl"),
+    "grpo": ("kl_loss", "entropy", "approx_kl"),
+}
 
 
 def stage_project(trained_project, directory, stage, overrides=None):

@@ -120,6 +120,8 @@ def show_params(
         said = "valid" if paths.PARAMS.exists() else "not here: every key at its default"
         results.print(f"{paths.PARAMS}{with_what}: {said}", markup=False)
         return
-    rows = [(key, json.dumps(lookup(values, key)), json.dumps(default), doc)
-            for key, doc, default in describe()]  # fmt: skip
+    rows = [
+        (key, json.dumps(lookup(values, key)), json.dumps(default), doc)
+        for key, doc, default in describe()
+    ]
     show_rows(["key", "value", "default", "meaning"], rows)

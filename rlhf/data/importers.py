@@ -212,12 +212,14 @@ def _hh(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
         raise RowError(
             "rejected", "its dialogue before the final answer differs from the one in 'chosen'"
         )
-    return _ranked_pair({
-        "prompt": parts["chosen"][0],
-        "chosen": parts["chosen"][1],
-        "rejected": parts["rejected"][1],
-        **_meta(record, source),
-    })  # fmt: skip
+    return _ranked_pair(
+        {
+            "prompt": parts["chosen"][0],
+            "chosen": parts["chosen"][1],
+            "rejected": parts["rejected"][1],
+            **_meta(record, source),
+        }
+    )
 
 
 def _ranked(record: dict[str, Any], source: str) -> list[dict[str, Any]]:

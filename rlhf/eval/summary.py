@@ -69,10 +69,11 @@ RATE_FIELDS = {
     "win_rate_ci95": lambda r: {"low": round(r.low, 4), "high": round(r.high, 4)},
     "win_rate_decisive": lambda r: _rounded(r.decisive),
     "win_rate_decisive_ci95": lambda r: {
-        "low": _rounded(r.decisive_low), "high": _rounded(r.decisive_high)
+        "low": _rounded(r.decisive_low),
+        "high": _rounded(r.decisive_high),
     },
     "tie_rate": lambda r: round(r.tie_rate, 4),
-}  # fmt: skip
+}
 
 
 def summarize(

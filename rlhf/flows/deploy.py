@@ -45,8 +45,10 @@ def image_tag(root: Path) -> str:
     `latest`; `latest` only outside a git repository."""
     described = subprocess.run(
         ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude", "*"],
-        cwd=root, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     return described.stdout.strip() if described.returncode == 0 else "latest"
 
 

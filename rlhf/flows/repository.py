@@ -61,8 +61,9 @@ def commit_to_run(root: Path) -> tuple[str, str]:
     """The commit a scheduled run runs, and what was done to find it (for the log): the
     upstream's head, fetched, where the branch tracks one; else HEAD. The working tree and
     the branch stay as they are."""
-    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD"], cwd=root,
-                      capture_output=True).returncode:  # fmt: skip
+    if subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", "HEAD"], cwd=root, capture_output=True
+    ).returncode:
         raise RepositoryError(f"{root} has no commit yet: commit the project first")
     upstream = subprocess.run(
         ["git", "rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{upstream}"],
@@ -97,8 +98,9 @@ def checkout_for_run(root: Path, name: str, commit: str) -> Path:
     remotes and local DVC settings; DVC writes the paths relative to the clone's config."""
     checkout = root / RUNS / name
     checkout.parent.mkdir(parents=True, exist_ok=True)
-    run_command(["git", "clone", "--quiet", "--local", "--no-checkout", ".", str(RUNS / name)],
-                root)  # fmt: skip
+    run_command(
+        ["git", "clone", "--quiet", "--local", "--no-checkout", ".", str(RUNS / name)], root
+    )
     run_command(["git", "checkout", "--quiet", "--detach", commit], checkout)
     with Repo(str(root)) as repo:
         cache = Path(repo.cache.local_cache_dir)

@@ -153,8 +153,9 @@ class Session:
         for notice in self.notices:
             self.console.print(notice, style="green")
         self.notices.clear()
-        self.console.print(Group(Panel(Text(item["prompt"]), title="prompt", title_align="left"),
-                                 *answers))  # fmt: skip
+        self.console.print(
+            Group(Panel(Text(item["prompt"]), title="prompt", title_align="left"), *answers)
+        )
         self.console.print(HELP_TEXT)
 
     def report_agreement(self, item: str, ranking: list[int]) -> None:

@@ -239,8 +239,9 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
             if more and shared.snapshot_every and step % shared.snapshot_every == 0:
                 policy = trainer.whole_policy()
                 if writes:
-                    checkpoint.save(staging / f"step_{step:05d}.pt",
-                                    policy_payload(stage, policy, step))  # fmt: skip
+                    checkpoint.save(
+                        staging / f"step_{step:05d}.pt", policy_payload(stage, policy, step)
+                    )
             if more and step % shared.save_every == 0:
                 state = {"trainer": trainer.state_dict(), "history": history,
                          "samples": json.dumps(samples)}  # fmt: skip

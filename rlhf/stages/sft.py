@@ -72,9 +72,11 @@ def run() -> dict[str, Any]:
     heldout = read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)
     model = initial_model(stage)
     truncated = sum(e.truncated for e in train)
-    stage.log(f"{model.num_params() / 1e6:.2f}M parameters, {len(train)} demonstrations on "
-              f"{stage.device}, {truncated} of them cut to model.block_size = "
-              f"{p.model.block_size} tokens")  # fmt: skip
+    stage.log(
+        f"{model.num_params() / 1e6:.2f}M parameters, {len(train)} demonstrations on "
+        f"{stage.device}, {truncated} of them cut to model.block_size = "
+        f"{p.model.block_size} tokens"
+    )
     judge = functools.partial(
         gold_eval, tokenizer=tokenizer, heldout=heldout, max_new_tokens=p.sft.eval_max_new_tokens,
         seed=p.seed, batch_size=p.sft.eval_batch_size,

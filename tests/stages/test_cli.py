@@ -29,8 +29,10 @@ def test_generate_answers_prompts_from_args_and_file(trained_project, tmp_path, 
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["prompt"] for r in lines] == [
-        "Shout the word river.", "Greet Alice.", "What is 2 plus 3?"
-    ]  # fmt: skip
+        "Shout the word river.",
+        "Greet Alice.",
+        "What is 2 plus 3?",
+    ]
     # greedy answers in one left-padded batch are each prompt's answer alone
     for row in lines:
         alone = runner.invoke(

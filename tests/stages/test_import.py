@@ -103,10 +103,12 @@ def test_comparisons_import_as_demonstrations_of_their_best_answers(tmp_path):
 
 def test_cli_imports_label_studio_and_ultrafeedback_exports_as_comparisons(tmp_path):
     task = {
-        "data": {"prompt": "Greet Ann.", "items": [{"id": 1, "body": "Hi Ann!"},
-                                                   {"id": 2, "body": "Go away."}]},
+        "data": {
+            "prompt": "Greet Ann.",
+            "items": [{"id": 1, "body": "Hi Ann!"}, {"id": 2, "body": "Go away."}],
+        },
         "annotations": [{"result": [{"type": "ranker", "value": {"ranker": {"r": [1, 2]}}}]}],
-    }  # fmt: skip
+    }
     export = tmp_path / "project-1.json"
     export.write_text(json.dumps([task], indent=2))
     scored = write_jsonl(tmp_path / "uf.jsonl", [{"prompt": "Greet Ann.", "completions": [

@@ -241,8 +241,10 @@ def test_microbatches_add_up_to_the_minibatch(trained_project, algorithm):
     overrides = {"batch_size": 8, "minibatch_size": 4, "update_epochs": 2, "lr": 1e-3}
     if algorithm == "grpo":
         overrides |= {"batch_size": 2, "group_size": 4}
-    runs = [trainer_for(trained_project, algorithm, overrides, microbatch_tokens=budget)
-            for budget in (16384, 40)]  # fmt: skip
+    runs = [
+        trainer_for(trained_project, algorithm, overrides, microbatch_tokens=budget)
+        for budget in (16384, 40)
+    ]
     for _ in range(2):
         whole, cut = (trainer.iteration()[0] for trainer in runs)
         assert cut.keys() == whole.keys()

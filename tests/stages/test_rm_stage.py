@@ -137,10 +137,12 @@ def test_imported_hh_comparisons_train_the_reward_model(trained_project, tmp_pat
     for part in ("artifacts", "data"):  # reuse tokenizer and SFT: only collect + rm run here
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
     records = [
-        {"chosen": f"\n\nHuman: Greet {n}.\n\nAssistant: Hello, {n}!",
-         "rejected": f"\n\nHuman: Greet {n}.\n\nAssistant: Go away."}
+        {
+            "chosen": f"\n\nHuman: Greet {n}.\n\nAssistant: Hello, {n}!",
+            "rejected": f"\n\nHuman: Greet {n}.\n\nAssistant: Go away.",
+        }
         for n in ("Ann", "Ben", "Cal", "Dee", "Eve", "Fay", "Gus", "Hal", "Ida", "Jo")
-    ]  # fmt: skip
+    ]
     source = tmp_path / "hh.jsonl"
     source.write_text("\n".join(json.dumps(r) for r in records))
     out = project / "data" / "raw" / "comparisons.parquet"

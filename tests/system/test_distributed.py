@@ -45,8 +45,9 @@ def two_process_runs(trained_project, directory, stage, overrides, strategies):
     assert run_stage(one, stage, 1).returncode == 0
     runs = {}
     for strategy in strategies:
-        project = stage_project(trained_project, directory / strategy, stage,
-                                overrides | {"train.strategy": strategy})  # fmt: skip
+        project = stage_project(
+            trained_project, directory / strategy, stage, overrides | {"train.strategy": strategy}
+        )
         done = run_stage(project, stage, 2)
         if done.returncode == RETRY and "killed by SIGSEGV" in done.stderr:
             # A gloo worker crashed once in CI (2 cores under load), not in 9 runs since; its
@@ -65,8 +66,9 @@ def test_two_processes_take_the_step_one_takes(trained_project, tmp_path, stage)
     """One step over the whole training set, split 2 ways by rows of unequal size, the model
     replicated (DDP) or sharded (FSDP2): the losses and the validation after the step agree
     with one process within 1e-5, and the two ways write the same model within 1e-5."""
-    single, runs = two_process_runs(trained_project, tmp_path, stage, ONE_STEP[stage],
-                                    ("ddp", "fsdp2"))  # fmt: skip
+    single, runs = two_process_runs(
+        trained_project, tmp_path, stage, ONE_STEP[stage], ("ddp", "fsdp2")
+    )
     for project in runs.values():
         two = metrics(project, stage)
         assert single["steps"] == two["steps"] == 1

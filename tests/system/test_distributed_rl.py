@@ -61,8 +61,9 @@ def test_a_full_tiny_ppo_run_at_two_processes_matches_one(trained_project, tmp_p
     absolute), and the metrics, at their 4 decimals, agree."""
     metrics_1, curves_1 = rl_run(trained_project, tmp_path / "n1", "ppo", 1)
     for strategy in ("ddp", "fsdp2"):
-        metrics_2, curves_2 = rl_run(trained_project, tmp_path / strategy, "ppo", 2,
-                                     {"train.strategy": strategy})  # fmt: skip
+        metrics_2, curves_2 = rl_run(
+            trained_project, tmp_path / strategy, "ppo", 2, {"train.strategy": strategy}
+        )
         assert curves_2["answers"] == curves_1["answers"]
         assert curves_2["score"] == pytest.approx(curves_1["score"], rel=1e-5)
         for name in ("value_loss", "ptx_loss", "entropy", "kl"):

@@ -148,8 +148,10 @@ def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tm
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
     assert set(diff) == {"metrics/eval.json"}  # an RL stage's own summary is a detail
     assert set(diff["metrics/eval.json"]) == {
-        "win_rate.gold.ppo_vs_sft", "gold_sampled.ppo", "kl_to_sft.ppo"
-    }  # fmt: skip
+        "win_rate.gold.ppo_vs_sft",
+        "gold_sampled.ppo",
+        "kl_to_sft.ppo",
+    }
     rate = diff["metrics/eval.json"]["win_rate.gold.ppo_vs_sft"]
     assert rate["old"] != rate["new"]
     columns = sh(["dvc", "metrics", "show"], project).splitlines()[0].split()

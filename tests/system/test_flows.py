@@ -197,8 +197,11 @@ def worker(upstream, prefect_server):
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     process = subprocess.Popen(
         ["prefect", "worker", "start", "--pool", TEST_POOL, "--type", "process"],
-        cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     yield project
     process.terminate()
     try:
@@ -270,8 +273,7 @@ def test_a_stage_no_worker_starts_fails_the_pipeline_within_its_start_timeout(wo
         client.update_work_pool(TEST_POOL, WorkPoolUpdate(is_paused=True))
     monkeypatch.chdir(worker)
     try:
-        state = pipeline(target="prepare", containerized=True, start_timeout_s=3,
-                         return_state=True)  # fmt: skip
+        state = pipeline(target="prepare", containerized=True, start_timeout_s=3, return_state=True)
     finally:
         with get_client(sync_client=True) as client:
             client.update_work_pool(TEST_POOL, WorkPoolUpdate(is_paused=False))

@@ -61,10 +61,12 @@ def byte_level_bpe(texts: list[str], vocab_size: int, split: str | None, special
     if split is None:
         bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
-        bpe.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])  # fmt: skip
+        bpe.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=specials,

@@ -15,8 +15,9 @@ from conftest import clean_env, sh
 
 def test_a_spread_is_the_seeds_mean_and_sample_deviation_and_flags_what_leaves_it():
     (spread,) = spreads([{"k": 0.50}, {"k": 0.54}, {"k": 0.58}]).values()
-    assert spread == Spread(mean=pytest.approx(0.54), std=pytest.approx(0.04), low=0.50,
-                            high=0.58, seeds=3)  # fmt: skip
+    assert spread == Spread(
+        mean=pytest.approx(0.54), std=pytest.approx(0.04), low=0.50, high=0.58, seeds=3
+    )
     assert spread.within_noise(0.61) and not spread.within_noise(0.63)  # 2 std: 0.46 to 0.62
     assert spreads([{"k": 1.0, "only_here": 2.0}, {"k": 3.0}]).keys() == {"k"}
 
@@ -43,8 +44,9 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     sh(["git", "add", "-A"], project)
     sh(["git", "commit", "-qm", "seed 7"], project)
     rlhf = [sys.executable, "-m", "rlhf.cli"]
-    done = subprocess.run([*rlhf, "seeds", "8", "9"], cwd=project, env=clean_env(),
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [*rlhf, "seeds", "8", "9"], cwd=project, env=clean_env(), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     sh(["dvc", "exp", "run", "--temp", "-n", "strong-kl", "-S", "ppo.kl_coef=0.5"], project)
     compared = json.loads(sh([*rlhf, "compare", "--json"], project))

@@ -47,8 +47,7 @@ def test_a_sharded_run_resumes_at_another_process_count(trained_project, tmp_pat
     uninterrupted = metrics(whole, "sft")
     written = checkpoint.load(whole / "artifacts" / "sft" / "model.pt")["model"]
     for killed_at, rerun_at in ((2, 1), (1, 2)):
-        project = stage_project(trained_project, tmp_path / f"killed{killed_at}", "sft",
-                                overrides)  # fmt: skip
+        project = stage_project(trained_project, tmp_path / f"killed{killed_at}", "sft", overrides)
         resume = project / ".rlhf" / "resume" / "sft.pt"
         if killed_at == 2:
             status, _, seconds = kill_rank_at_first_save(project, rank=1)

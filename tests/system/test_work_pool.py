@@ -49,9 +49,12 @@ async def rendered_container(flow_run_id) -> dict:
 def test_the_shipped_docker_pool_gives_a_stage_container_its_gpus(prefect_server, tmp_path):
     project = make_project(tmp_path / "gpu-host" / "repository")
     deploy = subprocess.run(
-        ["rlhf", "deploy"], cwd=project, env=prefect_env(prefect_server),
-        capture_output=True, text=True,
-    )  # fmt: skip
+        ["rlhf", "deploy"],
+        cwd=project,
+        env=prefect_env(prefect_server),
+        capture_output=True,
+        text=True,
+    )
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     with get_client(sync_client=True) as client:
         assert client.read_work_pool("rlhf-docker").type == "docker"
@@ -77,9 +80,7 @@ def test_the_shipped_docker_pool_gives_a_stage_container_its_gpus(prefect_server
     assert container["environment"]["PREFECT_API_URL"] == local
     assert host["ExtraHosts"] == ["host.docker.internal:host-gateway"]
     storage = tmp_path / "gpu-host" / "rlhf-pipeline-storage"
-    assert host["Binds"] == [
-        f"{project}:/workspace", f"{storage}:/rlhf-pipeline-storage"
-    ]  # fmt: skip
+    assert host["Binds"] == [f"{project}:/workspace", f"{storage}:/rlhf-pipeline-storage"]
     assert host["ShmSize"] == 8 * 2**30
     assert host["AutoRemove"] is True  # finished containers do not pile up on the GPU host
     counts = [r["Count"] for r in asyncio.run(rendered_container(orchestration.id))[

@@ -118,8 +118,9 @@ def test_a_stream_per_row_samples_each_row_alike_in_any_batch(model, config):
     """What data-parallel ranks rely on: a row's answer depends on its seed alone, not on the
     rows beside it; one shared generator would hand the same row other draws."""
     seeds = [11, 12, 13]
-    together = generate(model, PROMPTS, eos_id=EOS, pad_id=PAD, config=config,
-                        generator=RowStreams(seeds))  # fmt: skip
+    together = generate(
+        model, PROMPTS, eos_id=EOS, pad_id=PAD, config=config, generator=RowStreams(seeds)
+    )
     for rows in ([2, 0], [1]):
         apart = generate(model, [PROMPTS[i] for i in rows], eos_id=EOS, pad_id=PAD,
                          config=config, generator=RowStreams([seeds[i] for i in rows]))  # fmt: skip
@@ -127,8 +128,9 @@ def test_a_stream_per_row_samples_each_row_alike_in_any_batch(model, config):
     shared = generate(model, [PROMPTS[1]], eos_id=EOS, pad_id=PAD, config=config,
                       generator=torch.Generator().manual_seed(0))  # fmt: skip
     assert not torch.equal(shared.tokens[0], together.tokens[1])  # the seed is what decides
-    reseeded = generate(model, PROMPTS, eos_id=EOS, pad_id=PAD, config=config,
-                        generator=RowStreams([11, 99, 13]))  # fmt: skip
+    reseeded = generate(
+        model, PROMPTS, eos_id=EOS, pad_id=PAD, config=config, generator=RowStreams([11, 99, 13])
+    )
     assert torch.equal(reseeded.tokens[[0, 2]], together.tokens[[0, 2]])
     assert not torch.equal(reseeded.tokens[1], together.tokens[1])
 

@@ -151,8 +151,9 @@ def test_an_exported_folder_reloads_in_transformers_with_the_same_logits(pair, t
 def test_a_model_trained_here_exports_as_gpt2(tmp_path):
     """The scratch GPT (exact GELU, its own MLP width) is a GPT-2 that transformers loads."""
     torch.manual_seed(3)
-    ours = GPT(GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=2, n_head=2, n_embd=32,
-                         mlp_width=48)).eval()  # fmt: skip
+    ours = GPT(
+        GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp_width=48)
+    ).eval()
     folder = save_folder(ours, tmp_path / "gpt")
     assert json.loads((folder / "config.json").read_text())["activation_function"] == "gelu"
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()

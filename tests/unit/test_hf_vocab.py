@@ -531,8 +531,10 @@ def test_llama_rank_file_uses_meta_conventions(folders):
     assert vocab.special_tokens["<|reserved_special_token_2|>"] == first + 11
     assert vocab.special_tokens["<|reserved_special_token_246|>"] == first + 255
     assert (vocab.bos, vocab.eos, vocab.pad) == (
-        "<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>"
-    )  # fmt: skip
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|finetune_right_pad_id|>",
+    )
     assert encoding_of(vocab, "llama").n_vocab == first + 256
 
 

@@ -119,8 +119,9 @@ def test_ranked_accepts_the_pipelines_own_flat_shape(tmp_path):
 )
 def test_flat_ranked_rows_name_their_defect(tmp_path, change, message):
     flat = {"prompt": "q", "responses": ["a", "b", "c"], "ranks": [2, 0, 1], **change}
-    path = jsonl(tmp_path / "r.jsonl", [{"prompt": "q", "responses": ["x", "y"], "ranks": [0, 1]},
-                                        flat])  # fmt: skip
+    path = jsonl(
+        tmp_path / "r.jsonl", [{"prompt": "q", "responses": ["x", "y"], "ranks": [0, 1]}, flat]
+    )
     with pytest.raises(DataError, match=rf"r.jsonl: row 2, {message}"):
         imported("ranked", path)
 

@@ -207,8 +207,10 @@ def test_each_save_keeps_the_labels_another_writer_saved_meanwhile(tmp_path):
     write_labels(path, [*read_labels(path), new_label(b, "alice", [1, 0])])
     stale.save(c, [])
     assert [(label["item"], label["ranking"]) for label in read_labels(path)] == [
-        (a, [0, 1]), (b, [1, 0]), (c, []),
-    ]  # fmt: skip
+        (a, [0, 1]),
+        (b, [1, 0]),
+        (c, []),
+    ]
     assert stale.counts() == (2, 1)
     stale.undo()  # takes back the last label in the file: the skip of c
     assert [label["item"] for label in read_labels(path)] == [a, b]

@@ -41,8 +41,9 @@ def trained_adapters(model):
 def test_an_adapted_model_starts_as_its_base_and_trains_only_its_adapters(family):
     base = built(family)
     before = base(IDS)
-    n_linear = sum(isinstance(m, torch.nn.Linear) for b in base.transformer_blocks()
-                   for m in b.modules())  # fmt: skip
+    n_linear = sum(
+        isinstance(m, torch.nn.Linear) for b in base.transformer_blocks() for m in b.modules()
+    )
     add_adapters(base, rank=4, alpha=8.0)
     assert len(adapters(base)) == n_linear  # attention and MLP, every block
     assert torch.equal(base(IDS), before)  # B = 0: no update yet

@@ -160,8 +160,10 @@ def test_the_keys_needing_the_gold_judge():
     assert parse_params({"collect": {"source": "files"}}).gold_judged() == {}
     both = parse_params({"rl": {"reward": "rule:gold"}, "evaluate": {"judges": ["rule:gold"]}})
     assert both.gold_judged() == {
-        "collect.labeler": "gold", "rl.reward": "rule:gold", "evaluate.judges": "rule:gold"
-    }  # fmt: skip
+        "collect.labeler": "gold",
+        "rl.reward": "rule:gold",
+        "evaluate.judges": "rule:gold",
+    }
 
 
 def test_each_rl_algorithm_has_its_own_group_with_only_the_settings_it_uses():

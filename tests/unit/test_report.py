@@ -112,9 +112,11 @@ def test_figures_are_written_as_png(tmp_path):
     )
     plots.win_rates(tmp_path / "w.png", {"ppo_vs_sft": rate}, "gold")
     plots.scores_by_task(
-        tmp_path / "t.png", {"sft": {"all": 0.6, "add": 0.5}, "ppo": {"all": 0.7, "add": 0.4}},
-        "Gold score by task", "gold score",
-    )  # fmt: skip
+        tmp_path / "t.png",
+        {"sft": {"all": 0.6, "add": 0.5}, "ppo": {"all": 0.7, "add": 0.4}},
+        "Gold score by task",
+        "gold score",
+    )
     curves = curve((0.6, -0.2), (0.7, 0.3), (0.6, 0.5)) | {
         "grpo": curve((0.6, -0.2), (0.65, 0.1))["ppo"]
     }
