@@ -635,9 +635,13 @@ class Params:
         if pretrained != (self.tokenizer.kind == "pretrained"):
             raise ParamsError(
                 f"model.init = {self.model.init!r} needs tokenizer.kind: "
-                + ("pretrained (a pretrained model reads its own tokenizer)" if pretrained else
-                   "bpe, bytes or tiktoken (`pretrained` reads a model.init folder's tokenizer)")
-            )  # fmt: skip
+                + (
+                    "pretrained (a pretrained model reads its own tokenizer)"
+                    if pretrained
+                    else "bpe, bytes or tiktoken "
+                    "(`pretrained` reads a model.init folder's tokenizer)"
+                )
+            )
         if self.model.n_embd % self.model.n_head:
             raise ParamsError(
                 f"model.n_head = {self.model.n_head} must divide model.n_embd = {self.model.n_embd}"

@@ -105,9 +105,12 @@ def pair_loss(
     better, worse = pairs.better.to(ratio.device), pairs.worse.to(ratio.device)
     weight = pairs.weight.to(ratio.device)
     losses = dpo_loss(
-        ratio[better], ratio[worse], beta=cfg.beta, loss=cfg.loss,
+        ratio[better],
+        ratio[worse],
+        beta=cfg.beta,
+        loss=cfg.loss,
         label_smoothing=cfg.label_smoothing,
-    )  # fmt: skip
+    )
     with torch.no_grad():
         margin = cfg.beta * (ratio[better] - ratio[worse])
         stats = {

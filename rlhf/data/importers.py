@@ -287,12 +287,14 @@ def _ultrafeedback(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
     if len({score for _, score in scored.values()}) < 2:
         return []
     name, prompt = _first_field(record, ("prompt", "instruction"))
-    return [{
-        **({"prompt": prompt} if name else _present(record, "prompt")),
-        "responses": [text for text, _ in scored.values()],
-        "ranks": ranks_of([score for _, score in scored.values()]),
-        **_meta(record, source),
-    }]  # fmt: skip
+    return [
+        {
+            **({"prompt": prompt} if name else _present(record, "prompt")),
+            "responses": [text for text, _ in scored.values()],
+            "ranks": ranks_of([score for _, score in scored.values()]),
+            **_meta(record, source),
+        }
+    ]
 
 
 def _ranker_levels(value: dict[str, Any]) -> list[list[str]]:
@@ -315,8 +317,11 @@ def _label_studio(task: dict[str, Any], source: str) -> list[dict[str, Any]]:
     data = task.get("data")
     if not isinstance(data, dict):
         raise RowError("data", "missing; is this a Label Studio JSON export?")
-    lists = [v for v in data.values() if isinstance(v, list) and v and
-             all(isinstance(i, dict) and "id" in i for i in v)]  # fmt: skip
+    lists = [
+        v
+        for v in data.values()
+        if isinstance(v, list) and v and all(isinstance(i, dict) and "id" in i for i in v)
+    ]
     if not lists:
         raise RowError("data", "no list of {id, body} items")
     texts = {str(i["id"]): _first_field(i, ("body", "text", "title"))[1] for i in lists[0]}
@@ -332,13 +337,15 @@ def _label_studio(task: dict[str, Any], source: str) -> list[dict[str, Any]]:
         unknown = set(ranked) - set(texts)
         if unknown:
             raise RowError(where, f"ids {sorted(unknown)} are not among the task's items")
-        rows.append({
-            **_present(data, "prompt"),
-            "responses": [texts[item] for item in ranked],
-            "ranks": list(ranked.values()),
-            "task": data.get("task", "user"),
-            "source": source,
-        })  # fmt: skip
+        rows.append(
+            {
+                **_present(data, "prompt"),
+                "responses": [texts[item] for item in ranked],
+                "ranks": list(ranked.values()),
+                "task": data.get("task", "user"),
+                "source": source,
+            }
+        )
     return rows
 
 

@@ -116,10 +116,13 @@ def pretrained_frame(vocab: PretrainedVocabulary, chat_template: str) -> tuple[C
         frame = BUILTIN_FRAMES[chat_template]
     elif vocab.chat_template:
         frame = frame_from_template(
-            vocab.chat_template, bos=vocab.bos, eos=vocab.eos,
-            special_tokens=vocab.special_tokens, today=TEMPLATE_DATE,
+            vocab.chat_template,
+            bos=vocab.bos,
+            eos=vocab.eos,
+            special_tokens=vocab.special_tokens,
+            today=TEMPLATE_DATE,
             source=str(vocab.chat_template_file),
-        )  # fmt: skip
+        )
     else:
         frame = BUILTIN_FRAMES["plain"]
     pad = vocab.pad or frame.end

@@ -103,10 +103,12 @@ def summarize(
     }
     if rates:
         metrics |= {
-            key: {judge: {pair: value(r) for pair, r in by_pair.items()}
-                  for judge, by_pair in rates.items()}
+            key: {
+                judge: {pair: value(r) for pair, r in by_pair.items()}
+                for judge, by_pair in rates.items()
+            }
             for key, value in RATE_FIELDS.items()
-        }  # fmt: skip
+        }
         metrics["win_rate_greedy"] = {
             judge: {pair: round(r.rate, 4) for pair, r in by_pair.items()}
             for judge, by_pair in greedy_rates.items()

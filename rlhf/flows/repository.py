@@ -67,8 +67,10 @@ def commit_to_run(root: Path) -> tuple[str, str]:
         raise RepositoryError(f"{root} has no commit yet: commit the project first")
     upstream = subprocess.run(
         ["git", "rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{upstream}"],
-        cwd=root, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     if upstream.returncode:
         return head_commit(root), "no upstream to fetch (a detached HEAD or a local branch)"
     run_command(["git", "fetch", "--quiet"], root)
@@ -149,8 +151,9 @@ def untracked_files(checkout: Path) -> list[str]:
     those `.gitignore`s, `dvc exp apply` would leave the models it checks out for `git add` to
     pick up. Anything else untracked (a stray file) stays out."""
     with Repo(str(checkout)) as repo:
-        kept_by_git = [os.path.relpath(out.fs_path, checkout) for out in repo.index.outs
-                       if not out.use_cache]  # fmt: skip
+        kept_by_git = [
+            os.path.relpath(out.fs_path, checkout) for out in repo.index.outs if not out.use_cache
+        ]
     listed = run_command(["git", "ls-files", "--others", "--exclude-standard", "-z"], checkout)
     return [
         path for path in listed.split("\0") if path

@@ -226,6 +226,9 @@ def save_folder(
             (tmp / GENERATION_FILE).write_text(json.dumps(tokens, indent=2) + "\n")
             write_hf_tokenizer(tokenizer, tmp)
         (tmp / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
-        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / WEIGHTS_FILE,
-                  metadata={"format": "pt"})  # fmt: skip
+        save_file(
+            {k: v.contiguous() for k, v in weights.items()},
+            tmp / WEIGHTS_FILE,
+            metadata={"format": "pt"},
+        )
     return Path(folder)

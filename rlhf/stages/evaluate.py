@@ -156,9 +156,12 @@ def run() -> dict[str, float]:
     )  # fmt: skip
     answers, curves = evaluate_all(stage, evaluate, ["sft", *p.rl_algorithms, "dpo"])
     judged = functools.partial(
-        win_rates, judges=judges, pairwise=pairwise, resamples=cfg.bootstrap_resamples,
+        win_rates,
+        judges=judges,
+        pairwise=pairwise,
+        resamples=cfg.bootstrap_resamples,
         seed=p.seed,
-    )  # fmt: skip
+    )
     rates, greedy_rates = judged(answers["sampled"]), judged(answers["greedy"])
     metrics = {
         "prompts": len(prompts),

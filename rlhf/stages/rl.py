@@ -233,8 +233,11 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                 samples += logged_samples(step, experience)
                 for s in samples[-SAMPLES_LOGGED:]:
                     stage.log(f"[{s['score']:+.2f}] {s['prompt']!r} -> {s['response']!r}")
-            bar.update(task, completed=step, extra=f"score {stats['score']:+.3f} kl "
-                       f"{stats['kl']:.3f} beta {stats['beta']:.3f}")  # fmt: skip
+            bar.update(
+                task,
+                completed=step,
+                extra=f"score {stats['score']:+.3f} kl {stats['kl']:.3f} beta {stats['beta']:.3f}",
+            )
             # every rank gathers (fsdp2) what rank 0 writes
             if more and shared.snapshot_every and step % shared.snapshot_every == 0:
                 policy = trainer.whole_policy()
@@ -243,8 +246,11 @@ def train(stage: StageRun, trainer: RLTrainer) -> tuple[list[dict[str, float]], 
                         staging / f"step_{step:05d}.pt", policy_payload(stage, policy, step)
                     )
             if more and step % shared.save_every == 0:
-                state = {"trainer": trainer.state_dict(), "history": history,
-                         "samples": json.dumps(samples)}  # fmt: skip
+                state = {
+                    "trainer": trainer.state_dict(),
+                    "history": history,
+                    "samples": json.dumps(samples),
+                }
                 if writes:
                     checkpoint.save_resume(resume, fingerprint, state)
                 saved = step
