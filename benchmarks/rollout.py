@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import transformers  # the [hf] extra: Hugging Face generate runs beside the sampler
 from common import setup, write_result
 
 from rlhf.models.gpt import GPT, GPTConfig
@@ -101,8 +102,6 @@ def sampling_seconds(model: GPT, batch: int, generator: torch.Generator) -> floa
 def hf_generate_tokens_per_s(model: GPT, batch: int) -> int:
     """Tokens per second of Hugging Face `generate` on `model`'s weights, sampling as the
     sampler does (temperature 1, top-p, no top-k, every answer NEW_TOKENS long)."""
-    import transformers
-
     with tempfile.TemporaryDirectory() as tmp:
         peer = transformers.GPT2LMHeadModel.from_pretrained(save_folder(model, Path(tmp) / "m"))
     prompts = torch.randint(0, model.config.vocab_size - 1, (batch, PROMPT_TOKENS))

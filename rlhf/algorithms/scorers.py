@@ -126,7 +126,7 @@ def external_scorer(folder: Path, device: torch.device, bf16: bool = False) -> S
     """A reward model folder in Hugging Face layout: through our own backbones where we have
     its family, else through transformers (the `[hf]` extra), imported only here."""
     model_type = hf.read_config(folder).get("model_type")
-    if registry.reading(str(model_type)) is not None:
+    if registry.reading(model_type) is not None:
         return ExternalRewardScorer.load(folder, device, bf16)
     from rlhf.algorithms.transformers_scorer import TransformersRewardScorer
 

@@ -79,7 +79,8 @@ def config_of(folder: Path, block_size: int | None = None) -> tuple[str, str, di
     return model_type, name, config
 
 
-# The config.json keys that size a model, and a bound no real model reaches: a whole number
+# The config.json keys that size a model (GPT-2's and the Llama family's names; a family that
+# names its sizes otherwise adds its keys), and a bound no real model reaches: a whole number
 # from 1 to the bound, checked before anything is built, so a broken or hostile file (a
 # billion layers, a negative width) is one line naming the key, not a hang or a traceback.
 SIZE_LIMITS = {

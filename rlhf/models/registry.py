@@ -4,8 +4,9 @@ Face folder's `model_type` picks the family that reads it.
 A family is a folder, `rlhf/models/<family>/`: its module (a `Backbone`), its conversion to
 and from Hugging Face folders (`convert.py`), and its `FAMILY` entry (`__init__.py`, a
 `family.Family`), which this registry lists. A new architecture is a new folder and one line
-here; another Hugging Face family an existing backbone covers is one entry in that backbone's
-`convert.py`.
+here (and, if it reads Hugging Face folders whose config.json sizes the model under keys of
+its own, those keys' bounds in `hf.SIZE_LIMITS`); another Hugging Face family an existing
+backbone covers is one entry in that backbone's `convert.py`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ def family(name: str) -> Family:
     raise ValueError(f"unknown backbone {name!r}; known: {known}")
 
 
-def reading(model_type: str) -> Family | None:
-    """The family that reads Hugging Face folders of `model_type`, if any."""
+def reading(model_type: object) -> Family | None:
+    """The family that reads Hugging Face folders of `model_type` (config.json's value,
+    whatever its type), if any."""
+    if not isinstance(model_type, str):
+        return None
     return next((f for f in FAMILIES if model_type in f.model_types), None)
 
 

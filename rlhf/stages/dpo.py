@@ -18,9 +18,11 @@ from typing import Any
 from torch import Tensor
 
 from rlhf.algorithms.dpo import all_logprobs, implicit_rewards, mean_pair_loss, pair_loss
-from rlhf.data.comparisons import encode_groups, paired, response_lengths
+from rlhf.data.comparisons import EncodedGroup, encode_groups, paired, response_lengths
 from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
+from rlhf.models.backbone import Backbone
+from rlhf.params import DPOParams
 from rlhf.stages.support import fitting, paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
@@ -50,6 +52,24 @@ def summary(history: History) -> dict[str, Any]:
     }
 
 
+def reference_logprobs(
+    policy: Backbone,
+    train: list[EncodedGroup],
+    val: list[EncodedGroup],
+    pad: int,
+    cfg: DPOParams,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The reference's log-probs of every response, train and validation. The reference is
+    the SFT model: the policy before its first step (a resumed run loads its trained weights
+    only inside `fit`), so no second copy is kept. Training steps run under autocast,
+    validation in full precision; each reference matches the forwards it meets."""
+    chunk = cfg.eval_batch_size
+    return (
+        all_logprobs(policy, train, pad, chunk, bf16=cfg.bf16),
+        all_logprobs(policy, val, pad, chunk),
+    )
+
+
 def run() -> dict[str, Any]:
     stage = StageRun.start(SPEC)
     cfg, tokenizer, pad = stage.params.dpo, stage.tokenizer, stage.tokenizer.pad_id
@@ -62,11 +82,7 @@ def run() -> dict[str, Any]:
         encode_groups(tokenizer, rows, policy.max_seq_len) for rows in (train, val)
     )
     chunk = cfg.eval_batch_size
-    # the reference is the SFT model: the policy before its first step (a resumed run loads its
-    # trained weights only inside `fit`), so no second copy is kept. Training steps run under
-    # autocast, validation in full precision; each reference matches the forwards it meets.
-    train_reference = all_logprobs(policy, train_groups, pad, chunk, bf16=cfg.bf16)
-    val_reference = all_logprobs(policy, val_groups, pad, chunk)
+    train_reference, val_reference = reference_logprobs(policy, train_groups, val_groups, pad, cfg)
     stage.log(f"{len(train)} prompts, reference log-probs of every response computed")
     last_batch: dict[str, float] = {}
 
@@ -87,11 +103,15 @@ def run() -> dict[str, Any]:
         fresh_extra=validation,  # the same measures for the SFT policy, before training
     )
     history, policy = fitting.fit(
-        stage, policy, cfg, objective, n_examples=len(train),
+        stage,
+        policy,
+        cfg,
+        objective,
+        n_examples=len(train),
         lengths=[g.tokens for g in train_groups],
-        status=lambda loss: f"loss {loss:.3f} acc {last_batch['reward_accuracy']:.2f}",
         dropout=False,
-    )  # fmt: skip
+        status=lambda loss: f"loss {loss:.3f} acc {last_batch['reward_accuracy']:.2f}",
+    )
     logprobs = all_logprobs(policy, val_groups, pad, chunk)
     implicit = implicit_rewards(val_groups, logprobs, val_reference, cfg.beta)
     metrics = comparison_metrics(val, implicit, response_lengths(tokenizer, val)) | summary(history)

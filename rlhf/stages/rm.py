@@ -62,10 +62,10 @@ def run() -> dict[str, Any]:
             "val_loss": mean_group_loss(model, val_groups, pad, cfg.pooling, cfg.batch_size)
         },
     )
+    lengths = [g.tokens for g in train_groups]
     history, model = fitting.fit(
-        stage, model, cfg, objective, n_examples=len(train),
-        lengths=[g.tokens for g in train_groups],
-    )  # fmt: skip
+        stage, model, cfg, objective, n_examples=len(train), lengths=lengths
+    )
     demos = read_rows(paths.SFT_TRAIN, SFT_SCHEMA)[: cfg.norm_samples]
     shift, std = normalize(
         model,

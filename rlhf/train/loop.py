@@ -158,7 +158,7 @@ def batch_order(
     return [i for batch in shuffled for i in batch] + order[n_full * batch_size :]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Objective:
     """What a stage trains: the loss of a batch (example indices -> mean loss, tokens) and
     what it averages over (`units`: examples by default; tokens for a token-mean loss, which
@@ -174,7 +174,7 @@ class Objective:
     fresh_extra: Callable[[], dict[str, Any]] = dict
 
 
-@dataclass
+@dataclass(frozen=True)
 class Callbacks:
     """What the loop tells its caller: each finished step (step, total, train loss: a progress
     bar), each step's point of the training curves (`curve_points`; on resume first those of
@@ -195,7 +195,9 @@ class ResumeFile:
 
 @dataclass
 class Training:
-    """One run of the loop, as its named steps: `train_step`, `end_epoch`, `save`, `report`."""
+    """One run of the loop, as its named steps: `restore` (on resume), then for every step
+    `train_step`, `end_epoch` (after an epoch's last step), `save` (every `save_every`) and
+    `report`."""
 
     model: Backbone
     opt: OptimParams
@@ -233,10 +235,11 @@ class Training:
         with autocast(self.device, opt.bf16):
             loss, tokens = self.held.loss(self.objective.batch_loss, rows)
         mine = self.objective.units(rows) if holds_rows else 0
+        measured = self.objective.step_stats()  # what the batch measured besides its loss
+        tokens = tokens if holds_rows else 0
         train_loss, stats, total_units, tokens = global_step(
-            world, loss, mine, tokens if holds_rows else 0, self.objective.step_stats(),
-            self.device,
-        )  # fmt: skip
+            world, loss, mine, tokens, measured, self.device
+        )
         self.optimizer.zero_grad(set_to_none=True)
         try:
             globally_normalized(loss, mine / total_units, world).backward()
@@ -272,11 +275,9 @@ class Training:
         """The resume state after `step`: gathered on every rank, written by rank 0."""
         model_state, optimizer_state = self.held.state(self.optimizer)
         if self.world.is_main:
-            state = {
-                "model": model_state, "optimizer": optimizer_state, "rng": rng_state(),
-                "step": step, "steps": self.history.steps, "epochs": self.history.epochs,
-                "extra": self.history.extra,
-            }  # fmt: skip
+            history = {"steps": self.history.steps, "epochs": self.history.epochs}
+            state = {"model": model_state, "optimizer": optimizer_state, "rng": rng_state()}
+            state |= {"step": step, **history, "extra": self.history.extra}
             checkpoint.save_resume(self.resume.path, self.resume.fingerprint, state)
         self.saved = step
 
@@ -296,7 +297,7 @@ def fit(
     device: torch.device,
     resume: ResumeFile,
     lengths: Sequence[int] | None = None,
-    callbacks: Callbacks = Callbacks(),  # noqa: B008 (never changed)
+    callbacks: Callbacks = Callbacks(),
     dropout: bool = True,
     world: World = World(),  # noqa: B008 (frozen)
     strategy: str = "ddp",
@@ -314,7 +315,7 @@ def fit(
     steps_per_epoch = math.ceil(n_examples / opt.batch_size)
     total = opt.epochs * steps_per_epoch
     state = resume_state(resume.path, resume.fingerprint, world, callbacks.log)
-    extra = None
+    extra: dict[str, Any] = {}
     if state is None:
         model.eval()
         with torch.no_grad():

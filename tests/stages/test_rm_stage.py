@@ -1,5 +1,4 @@
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from rlhf.params import ParamsError, parse_params
 from rlhf.stages.support.metric_files import read_metrics
 from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
 
-from conftest import REPO, clean_env, make_project, run_module, write_params
+from conftest import clean_env, make_project, run_module, write_params
 
 runner = CliRunner()
 RM_KEYS = {"acc_noisy", "acc_gold", "acc_gold_margin_ge_0_2", "acc_gold_by_margin",
@@ -83,19 +82,6 @@ def test_rm_metrics_and_normalized_checkpoint(trained_project):
     )
     assert payload["kind"] == "reward" and payload["pooling"] == "last"
     assert payload["reward_std"] == pytest.approx(metrics["reward_std"], abs=1e-6)
-
-
-def test_the_default_runs_reward_model_beats_chance_on_held_out_comparisons():
-    """The tiny config's reward model is too small to learn (about chance); the default run
-    is what shows the reward model learns. Its metrics are committed, and CI checks that the
-    README's `dvc repro` reproduces them, so they are this code's numbers: accuracy against
-    the gold judge and against the noisy labels, each well above 1/2 (the bound: 4 standard
-    errors of a proportion over the held-out pairs)."""
-    metrics = read_metrics("rm", REPO)
-    pairs = metrics["pairs_val"]
-    for key in ("acc_gold", "acc_noisy"):
-        accuracy = metrics[key]
-        assert accuracy - 4 * math.sqrt(accuracy * (1 - accuracy) / pairs) > 0.5, key
 
 
 def test_score_cli_centres_demonstrations_and_prints_json(trained_project, tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ def test_values_are_read_as_their_kind(value, key, kind, argument):
     [
         ("gold", REWARD, "rl.reward = 'gold' is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"),
         ("pairwise:rm", REWARD, "is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"),
-        (" rm", JUDGES, "is not 'gold', 'rm', 'hf:DIR', 'rule:NAME', 'pairwise:rm'"),
+        (" rm", JUDGES, "is not 'gold', 'rm', 'hf:DIR', 'rule:NAME', 'pairwise:rm' or 'pairwise:"),
         ("hf:", LABELER, "collect.labeler = 'hf:' is not 'gold', 'human', 'rm:PATH' or 'hf:DIR'"),
         ("gold:x", JUDGES, "evaluate.judges: 'gold:x' is not 'gold'"),
         ("pairwise:rule:longer", JUDGES, "names no pairwise rule; the pairwise rules are "

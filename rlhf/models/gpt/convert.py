@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
+from rlhf.models.family import State
 
 GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
 GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF -> ours
 
 
@@ -29,7 +27,7 @@ def config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def weights_from_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
+def weights_from_hf(state: State) -> State:
     """GPT-2's names without the `transformer.` prefix and with `h.` as `blocks.`; its
     Conv1D layers store weights [in, out], transposed from nn.Linear's."""
     out = {}
@@ -41,7 +39,9 @@ def weights_from_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def to_hf(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict, dict]:
+def to_hf(config: dict[str, Any], state: State) -> tuple[dict[str, Any], State]:
+    """GPT-2's config.json and weights: `h.` blocks under `transformer.`, Conv1D weights
+    transposed back, the LM head left out (tied to the embedding)."""
     if not config["bias"]:
         raise ValueError("GPT-2 has biases everywhere; this model was trained with bias: false")
     hf = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
+from rlhf.models.family import State
 
 # The Hugging Face families this backbone reads and writes, each with its class name and the
 # switches its model_type implies beyond what config.json states. Another family of the same
@@ -71,7 +71,7 @@ def config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def weights_from_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
+def weights_from_hf(state: State) -> State:
     return {name.removeprefix("model."): tensor for name, tensor in state.items()}
 
 
@@ -89,10 +89,12 @@ def context_length(config: dict[str, Any]) -> int:
     return round(original * config["rope_factor"])
 
 
-def to_hf(config: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict, dict]:
+def to_hf(config: dict[str, Any], state: State) -> tuple[dict[str, Any], State]:
     """As the most specific family that can hold the model (Qwen3 where heads are
     normalized, Qwen2 where q/k/v have biases, else Llama)."""
     fitting = [t for t in HF_FAMILIES if expresses(t, config)]
+    if not fitting:
+        raise ValueError(f"no Hugging Face family of {list(HF_FAMILIES)} holds this model")
     model_type = max(fitting, key=lambda t: len(implied(t)))
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
     if config["rope_original_max_len"]:

@@ -4,8 +4,9 @@ The three differ only in switches: RMSNorm pre-norm blocks, rotary positions (wi
 long-context frequency scaling), grouped-query attention and a SwiGLU MLP are common; Qwen2
 adds biases to the query, key and value projections, Qwen3 an RMSNorm over each head's queries
 and keys. Module names follow Hugging Face's, so a checkpoint folder's weights load by name
-(`rlhf.models.hf`), and the numerics follow transformers' (norms in float32, rotary angles
-from float32 frequencies) so the logits agree with it.
+(`llama/convert.py`, through `rlhf.models.hf.load_folder`), and the numerics follow
+transformers' (norms in float32, rotary angles from float32 frequencies) so the logits agree
+with it.
 """
 
 from __future__ import annotations
