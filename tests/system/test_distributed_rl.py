@@ -58,8 +58,9 @@ def test_a_full_tiny_ppo_run_at_two_processes_matches_one(trained_project, tmp_p
     replicated (DDP) or sharded (FSDP2; sampling on the policy gathered once per rollout):
     the answers sampled stay the same, the statistics drift only by summation order
     (measured about 1e-6 relative; a KL that is a difference of near-equal log-probs, 1e-5
-    absolute), and the metrics, at their 4 decimals, agree."""
-    metrics_1, curves_1 = rl_run(trained_project, tmp_path / "n1", "ppo", 1)
+    absolute), and the metrics, at their 4 decimals, agree. One process is the shared trained
+    project's own PPO stage: the same params and thread count write the same bytes."""
+    metrics_1, curves_1 = rl_results(trained_project, "ppo")
     for strategy in ("ddp", "fsdp2"):
         metrics_2, curves_2 = rl_run(
             trained_project, tmp_path / strategy, "ppo", 2, {"train.strategy": strategy}
