@@ -10,6 +10,8 @@
 #                                         # of the tiny pipeline on CUDA
 #   bash benchmarks/gpu.sh setup suite    # the whole suite on the host's CPUs
 #   bash benchmarks/gpu.sh setup bench    # SFT MFU, rollout vs HF generate, one PPO iteration
+#   bash benchmarks/gpu.sh setup memory   # the memory preflight's estimates against measured
+#                                         # peaks, GPT-2 124M and Qwen3-0.6B at 1,024 tokens
 #   bash benchmarks/gpu.sh setup profile  # the GPU profile end to end (examples/gpu.params.yaml,
 #                                         # or $PROFILE_PARAMS); again, it resumes a cut-off run
 # `setup` installs the wheels and the project (editable) into python3's own environment, beside
@@ -77,6 +79,13 @@ bench() {  # bench [quick]: quick samples less (bf16 rollouts only, fewer steps 
             && python3 rollout_vs_hf.py --device cuda $rollout --out '$out/rollout_vs_hf.json' \
             && python3 ppo_iteration.py --device cuda $ppo --out '$out/ppo_iteration.json'"
     ) 2>&1 | tee "$out/bench.log" | grep -v "^Loading\|^Writing"
+}
+
+memory() {
+    (
+        cd benchmarks || exit 1
+        timeout "$limit" python3 pretrained.py --device cuda --out "$out/pretrained.json"
+    ) 2>&1 | tee "$out/memory.log"
 }
 
 quick() {  # setup, the benchmarks within 45% of the step's time, the CUDA tests in the rest

@@ -1,5 +1,5 @@
 """Pretrained backbones: load time and peak memory of Hugging Face folders, and the memory
-each stage needs for GPT-2 124M and Qwen3-0.6B on one GPU.
+each stage needs for GPT-2 124M and Qwen3-0.6B, estimated and measured.
 
 Part one saves tiny random models of each family with transformers' `save_pretrained` and
 times `rlhf.models.hf.load_folder` on them (best of 3), with their float32 weights and the
@@ -7,9 +7,17 @@ process's peak resident memory. Part two is the memory preflight's estimate
 (`rlhf.train.memory`, built on the meta device, nothing allocated) of what each stage holds
 at once for the two real configurations at a 1,024-token context, plain and with both
 `memory.activation_checkpointing` and `memory.frozen_bf16` on; the workloads are those the
-stages declare, at GPU-sized batches.
+stages declare, at GPU-sized batches. Part three measures what the estimate predicts: each
+real configuration (random weights) takes two SFT steps (AdamW, the stages' chunked LM loss,
+bf16 autocast on CUDA), plain and checkpointed, and samples a batch that fills its context
+(frozen, in bfloat16 on CUDA as `memory.frozen_bf16` holds it), each in a fresh process;
+the measured peak is set beside the estimate of the same workload. A GPU measures the
+stages' own batches at 1,024 tokens (peak reserved by torch's caching allocator, the CUDA
+context aside); a CPU, to stay within minutes, smaller ones at 256 (peak resident memory
+above the process's after its imports: what the kernel's OOM killer counts).
 
-    python benchmarks/pretrained.py [--threads 2] [--out benchmarks/results/pretrained.json]
+    python benchmarks/pretrained.py [--device cpu|cuda] [--threads 2]
+        [--out benchmarks/results/pretrained.json]
 """
 
 from __future__ import annotations
@@ -17,13 +25,24 @@ from __future__ import annotations
 import resource
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
+import torch
 import transformers
-from common import setup, write_result
+from common import DEVICE_OPTION, device_name, setup, synchronize, write_result
 
+from rlhf.algorithms.sft import masked_lm_loss
+from rlhf.models.backbone import Backbone, freeze
 from rlhf.models.hf import load_folder
+from rlhf.models.registry import build
+from rlhf.sampling.generate import generate
+from rlhf.sampling.sampler import SamplingConfig
+from rlhf.train.device import autocast
 from rlhf.train.memory import GIB, Workload, estimate_bytes
+from rlhf.train.optim import adamw
 
 TINY_SHAPE = {
     "vocab_size": 512,
@@ -66,6 +85,12 @@ STAGES = {
 }
 
 
+# part three, per device: (context, sequences of one SFT step, sequences sampled at once)
+MEASURED_SIZES = {"cuda": (1024, 8, 64), "cpu": (256, 2, 8)}
+TRAIN_STEPS = 2  # AdamW's moments exist from the first step on: the second is the steady one
+WARM_UP = {"n_layer": 1, "vocab_size": 256, "block_size": 16}  # the warm-up run's model
+
+
 def load_figures(folder: Path) -> dict[str, float]:
     """Best-of-3 load seconds and the loaded weights in MiB."""
     seconds = []
@@ -77,8 +102,114 @@ def load_figures(folder: Path) -> dict[str, float]:
     return {"load_s": round(min(seconds), 4), "weights_mib": round(weights / 2**20, 2)}
 
 
+def measured_workloads(device: torch.device) -> dict[str, Workload]:
+    """What part three runs, as the estimate's workloads: an SFT step plain and checkpointed,
+    and one batch sampled by a frozen model."""
+    _, sequences, sampled = MEASURED_SIZES[device.type]
+    return {
+        "sft step": Workload(sequences=sequences),
+        "sft step, checkpointed": Workload(sequences=sequences, checkpointed=True),
+        "sampling": Workload(
+            trained=0, frozen=1, sampled=sampled, frozen_bf16=device.type == "cuda"
+        ),
+    }
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize()
+
+
+def run_workload(
+    backbone: str, config: dict[str, Any], work: Workload, device_type: str, threads: int
+) -> int:
+    """Peak bytes `work` takes with a random `backbone` on the device, measured in this
+    (fresh) process: on CUDA the caching allocator's peak reservation, on the CPU the peak
+    resident memory above what the process held before building the model. A one-block
+    model with a small vocabulary runs `work` first, so that the libraries' lazy setup (kernel
+    libraries, thread pools, autograd's engine) is not counted as the workload's."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    device = torch.device(device_type)
+    run(build(backbone, {**config, **WARM_UP}).to(device), work)
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_reserved(device)
+    else:
+        before = resident_bytes()
+    run(build(backbone, config).to(device), work)
+    synchronize(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) - before
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+
+
+def run(model: Backbone, work: Workload) -> None:
+    """`work` with `model`: TRAIN_STEPS SFT steps on random full-context sequences, or one
+    sampled batch of half-context prompts answered up to the context."""
+    device, context = next(model.parameters()).device, model.max_seq_len
+    vocab = model.config.vocab_size
+    if work.trained:
+        model.activation_checkpointing = work.checkpointed
+        optimizer = adamw(model, lr=1e-5, weight_decay=0.1, betas=(0.9, 0.95))
+        tokens = torch.randint(vocab, (work.sequences, context), device=device)
+        for _ in range(TRAIN_STEPS):
+            with autocast(device, True):
+                loss = masked_lm_loss(model, tokens, tokens)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return
+    model = freeze(model, work.frozen_bf16)
+    half = context // 2
+    prompts = torch.randint(vocab, (work.sampled, half)).tolist()
+    sampling = SamplingConfig(max_new_tokens=context - half)
+    with autocast(device, True):
+        generate(model, prompts, eos_id=vocab - 1, pad_id=0, config=sampling)
+
+
+def measured_peaks(device: torch.device, threads: int) -> dict[str, dict[str, dict]]:
+    """Part three: each real configuration's workloads run in fresh processes, their peak
+    beside the estimate (GiB, and the measurement's share of it)."""
+    context = MEASURED_SIZES[device.type][0]
+    spawn = get_context("spawn")
+    peaks: dict[str, dict[str, dict]] = {}
+    for name, (backbone, config) in REAL.items():
+        config = {**config, "block_size": context}
+        peaks[name] = {}
+        for what, work in measured_workloads(device).items():
+            with ProcessPoolExecutor(1, mp_context=spawn) as fresh:
+                args = (backbone, config, work, device.type, threads)
+                measured = fresh.submit(run_workload, *args).result()
+            estimate = estimate_bytes(backbone, config, work)
+            peaks[name][what] = {
+                "measured_gib": round(measured / GIB, 2),
+                "estimate_gib": round(estimate / GIB, 2),
+                "measured_of_estimate": round(measured / estimate, 2),
+            }
+    return peaks
+
+
+def print_peaks(peaks: dict[str, dict[str, dict]], device: torch.device) -> None:
+    context, sequences, sampled = MEASURED_SIZES[device.type]
+    sizes = f"{context}-token context ({sequences} sequences a step, {sampled} sampled)"
+    print(f"\nmeasured on {device_name(device)} at a {sizes}: GiB measured / estimated")
+    workloads = measured_workloads(device)
+    print(f"{'model':<12}" + "".join(f"{w:>26}" for w in workloads))
+    for name, rows in peaks.items():
+        cells = [f"{r['measured_gib']:.2f} / {r['estimate_gib']:.2f}" for r in rows.values()]
+        print(f"{name:<12}" + "".join(f"{c:>26}" for c in cells))
+    highest = max(r["measured_of_estimate"] for rows in peaks.values() for r in rows.values())
+    verdict = "met" if highest <= 1 else "NOT met"
+    print(f"target: every estimate at or above its measured peak: {verdict} ({highest:.2f})")
+
+
 def main() -> None:
-    args = setup(__doc__, "pretrained")
+    args = setup(__doc__, "pretrained", DEVICE_OPTION)
+    device = torch.device(args.device)
     loads = {}
     with tempfile.TemporaryDirectory() as tmp:
         for family, make in TINY.items():
@@ -105,9 +236,24 @@ def main() -> None:
         print(f"{name:<12}" + "".join(
             f"{r['plain_gib']:>8.1f} /{r['saving_gib']:>6.1f}" for r in memory[name].values()
         ))  # fmt: skip
+    peaks = measured_peaks(device, args.threads)
+    print_peaks(peaks, device)
+    context, sequences, sampled = MEASURED_SIZES[device.type]
     write_result(
         args.out,
-        {"tiny_loads": loads, "max_rss_mib": max_rss_mib, "context": CONTEXT, "memory": memory},
+        {
+            "tiny_loads": loads,
+            "max_rss_mib": max_rss_mib,
+            "context": CONTEXT,
+            "memory": memory,
+            "measured": {
+                "device": device_name(device),
+                "context": context,
+                "sequences": sequences,
+                "sampled": sampled,
+                "peaks": peaks,
+            },
+        },
     )
 
 

@@ -5,7 +5,8 @@ message, sometimes a frozen host) or a CUDA out-of-memory error deep in a step. 
 needs no allocation and takes constant time whatever the model's depth: the backbone is built
 on the `meta` device (shapes only) with one and with two blocks, and every count, linear in
 the number of blocks, is extrapolated to the configured depth. It is an estimate, deliberately
-on the high side of what training takes in fp32 with AdamW.
+on the high side of what training takes in fp32 with AdamW; `benchmarks/pretrained.py` sets
+it beside measured peaks.
 """
 
 from __future__ import annotations
@@ -27,6 +28,18 @@ FROZEN_BYTES_PER_PARAM = 4  # fp32 weight only (a reference policy)
 FROZEN_BF16_BYTES_PER_PARAM = 2  # the same in bfloat16 (`memory.frozen_bf16`)
 FLOAT_BYTES = 4
 GIB = 2**30
+# [V, C] float32 gradients of the LM head held beyond the parameter's own by the chunked loss
+# (`rlhf.algorithms.lm_loss`): the one made in the forward, a chunk's own while it is added in,
+# and the scaled one its backward returns; measured: two at once (benchmarks/pretrained.py)
+HEAD_GRADIENT_COPIES = 3
+# floats per vocabulary entry one sampled row holds in a decoding step: its logits in float32,
+# log-probs, probs, their running sum, and the nucleus fallback's sorted probs, their int64
+# ids and their renormalized copy (`rlhf.sampling.sampler`); and its prefill's logits, one set
+# for every prompt position (counted at the whole context)
+SAMPLING_VOCAB_FLOATS = 10
+# what no term counts: the allocator's fragmentation and passing temporaries (a prefill's
+# block at a time); sampling measured up to 8% above the terms (benchmarks/pretrained.py)
+MARGIN = 1.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +58,8 @@ class Workload:
 
 
 def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int:
+    """Bytes `work` holds at once with this model: weights and optimizer state by role,
+    activations, LM-head gradients, KV cache and sampling, and MARGIN over their sum."""
     model = Extrapolated.of(backbone, config, work.checkpointed)
     params = model.count(lambda m: sum(p.numel() for p in m.parameters()))
     frozen = FROZEN_BF16_BYTES_PER_PARAM if work.frozen_bf16 else FROZEN_BYTES_PER_PARAM
@@ -57,9 +72,14 @@ def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int
         params * (trained + frozen * work.frozen + FROZEN_BYTES_PER_PARAM * work.adapted)
     )
     seq_len = model.one_block.max_seq_len
+    vocab, width = model.one_block.config.vocab_size, model.one_block.config.n_embd
     activations = work.sequences * seq_len * model.count(lambda m: m.activation_floats(seq_len))
+    head_gradients = work.trained * HEAD_GRADIENT_COPIES * vocab * width
     cache = work.sampled * seq_len * model.count(lambda m: m.cache_floats())
-    return weights + FLOAT_BYTES * (activations + cache)
+    sampling = work.sampled * (SAMPLING_VOCAB_FLOATS + seq_len) * vocab
+    return round(
+        MARGIN * (weights + FLOAT_BYTES * (activations + head_gradients + cache + sampling))
+    )
 
 
 @dataclasses.dataclass(frozen=True)

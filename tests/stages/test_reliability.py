@@ -32,7 +32,14 @@ from rlhf.stages.support.metric_files import read_metrics
 from rlhf.stages.support.outputs import STAGE_LOCKS
 from rlhf.train import loop
 from rlhf.train.guard import NonFiniteError
-from rlhf.train.memory import Workload, estimate_bytes, preflight
+from rlhf.train.memory import (
+    HEAD_GRADIENT_COPIES,
+    MARGIN,
+    SAMPLING_VOCAB_FLOATS,
+    Workload,
+    estimate_bytes,
+    preflight,
+)
 
 from conftest import (
     assert_resume_matches,
@@ -298,15 +305,18 @@ def test_the_preflight_prices_sharded_and_adapted_models_as_they_are_held():
     """fsdp2 keeps 1/N of a trained model's 16 bytes a parameter, plus one whole fp32 copy at
     a time; a LoRA base is frozen fp32 (4 bytes) even where frozen models are bf16."""
     shape = {"vocab_size": 50257, "block_size": 1024, "n_layer": 24, "n_head": 16, "n_embd": 1024}
-    params = estimate_bytes("gpt", shape, Workload(trained=0, adapted=1)) // 4  # weights only
+    with torch.device("meta"):
+        params = sum(p.numel() for p in build("gpt", shape).parameters())
+    head_gradients = 4 * HEAD_GRADIENT_COPIES * 50257 * 1024  # per trained model
 
     def weights(work: Workload) -> int:
         return estimate_bytes("gpt", shape, work)
 
-    assert weights(Workload(trained=1)) == 16 * params
-    assert weights(Workload(trained=1, sharded_over=8)) == 16 * params // 8 + 4 * params
-    assert weights(Workload(trained=0, adapted=1, frozen_bf16=True)) == 4 * params
-    assert weights(Workload(trained=0, frozen=1, frozen_bf16=True)) == 2 * params
+    assert weights(Workload(trained=1)) == round(MARGIN * (16 * params + head_gradients))
+    sharded = 16 * params / 8 + 4 * params + head_gradients
+    assert weights(Workload(trained=1, sharded_over=8)) == round(MARGIN * sharded)
+    assert weights(Workload(trained=0, adapted=1, frozen_bf16=True)) == round(MARGIN * 4 * params)
+    assert weights(Workload(trained=0, frozen=1, frozen_bf16=True)) == round(MARGIN * 2 * params)
 
 
 @pytest.mark.parametrize("checkpointed", [False, True])
@@ -321,16 +331,21 @@ def test_the_preflight_prices_sharded_and_adapted_models_as_they_are_held():
 def test_the_preflight_counts_what_the_whole_model_built_on_meta_holds(
     backbone, shape, checkpointed
 ):
-    """The estimate extrapolates from one and two blocks; built whole, the model agrees."""
+    """The estimate extrapolates from one and two blocks; built whole, the model agrees.
+    Beside the weights, activations and cache: the trained model's LM-head gradient copies
+    and each sampled row's vocabulary-wide floats, a decoding step's and its prefill's."""
     with torch.device("meta"):
         model = build(backbone, shape)
     model.activation_checkpointing = checkpointed
     params = sum(p.numel() for p in model.parameters())
-    seq_len = model.max_seq_len
+    seq_len, vocab = model.max_seq_len, shape["vocab_size"]
     per_token = model.activation_floats(seq_len)
     work = Workload(trained=1, frozen=2, sequences=3, sampled=5, checkpointed=checkpointed)
-    whole = 16 * params + 8 * params + 4 * seq_len * (3 * per_token + 5 * model.cache_floats())
-    assert estimate_bytes(backbone, shape, work) == whole
+    floats = seq_len * (3 * per_token + 5 * model.cache_floats())
+    floats += HEAD_GRADIENT_COPIES * vocab * shape["n_embd"]
+    floats += 5 * (SAMPLING_VOCAB_FLOATS + seq_len) * vocab  # a step's, and the prefill's logits
+    whole = 16 * params + 8 * params + 4 * floats
+    assert estimate_bytes(backbone, shape, work) == round(MARGIN * whole)
 
 
 def test_the_preflight_takes_constant_time_whatever_the_depth():
