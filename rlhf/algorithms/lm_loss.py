@@ -102,10 +102,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        """The forward's gradients scaled in place and handed over: the graph keeps no copy of
+        them (a [V, C] float32 head gradient beside the parameter's own until the loss is
+        freed, after the optimizer step). One backward per loss, as the training loops run."""
         grad_hidden, grad_weight = ctx.grads
+        ctx.grads = None
         return (
-            None if grad_hidden is None else grad_hidden * grad_loss,
-            None if grad_weight is None else grad_weight * grad_loss,
+            None if grad_hidden is None else grad_hidden.mul_(grad_loss),
+            None if grad_weight is None else grad_weight.mul_(grad_loss),
             None,
             None,
         )

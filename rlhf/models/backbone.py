@@ -140,10 +140,17 @@ class Backbone(nn.Module, ABC):
         )
 
     def forward(
-        self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
     ) -> Tensor:
-        """Next-token logits [B, T, V]."""
-        return self.lm_logits(self.hidden_states(ids, attention_mask, cache))
+        """Next-token logits [B, T, V]; `last_only`, those of the last position [B, 1, V]: a
+        prefill samples from that position alone, and [B, T, V] logits of a long prompt over
+        a large vocabulary (64 x 512 x 151,936 in bfloat16: 10 GB) would be its peak."""
+        hidden = self.hidden_states(ids, attention_mask, cache)  # [B, T, C]
+        return self.lm_logits(hidden[:, -1:] if last_only else hidden)
 
     def values(self, hidden: Tensor) -> Tensor:
         """Per-token value estimates [B, T] from hidden states [B, T, C]."""

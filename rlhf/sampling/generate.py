@@ -211,7 +211,8 @@ def generate(
     if mode != "eager":
         first, step = compiled(choose_next), compiled(decode_step)
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        first(state, model(prompt, prompt_mask, cache)[:, -1].contiguous(), constants)
+        last_logits = model(prompt, prompt_mask, cache, last_only=True)[:, -1]  # [B, V]
+        first(state, last_logits, constants)
         if mode != "eager":  # eager steps attend over the columns written so far, as ever
             cache.start_decoding()
         run_steps(

@@ -28,17 +28,19 @@ FROZEN_BYTES_PER_PARAM = 4  # fp32 weight only (a reference policy)
 FROZEN_BF16_BYTES_PER_PARAM = 2  # the same in bfloat16 (`memory.frozen_bf16`)
 FLOAT_BYTES = 4
 GIB = 2**30
-# [V, C] float32 gradients of the LM head held beyond the parameter's own by the chunked loss
-# (`rlhf.algorithms.lm_loss`): the one made in the forward, a chunk's own while it is added in,
-# and the scaled one its backward returns; measured: two at once (benchmarks/pretrained.py)
+# [V, C] float32 gradients of the LM head beside the parameter's own, counted for every trained
+# model (on the high side for those trained without the LM loss: reward models, critics): the
+# chunked loss's (`rlhf.algorithms.lm_loss`) accumulated one and a chunk's own while it is added
+# in, and in the backward of a head tied to the embedding, the embedding's while the two are
+# summed; measured: about one beyond the other terms (benchmarks/pretrained.py)
 HEAD_GRADIENT_COPIES = 3
-# floats per vocabulary entry one sampled row holds in a decoding step: its logits in float32,
-# log-probs, probs, their running sum, and the nucleus fallback's sorted probs, their int64
-# ids and their renormalized copy (`rlhf.sampling.sampler`); and its prefill's logits, one set
-# for every prompt position (counted at the whole context)
-SAMPLING_VOCAB_FLOATS = 10
+# floats per vocabulary entry one sampled row holds in a decoding step (`rlhf.sampling`): its
+# logits in float32, scaled by the temperature, log-probs, probs and their running sum (5);
+# the top-p nucleus's mass ahead of each of its 8 draws, a difference and a product [8, V]
+# each (16); its sort's probs, int64 ids and renormalized probs (4)
+SAMPLING_VOCAB_FLOATS = 25
 # what no term counts: the allocator's fragmentation and passing temporaries (a prefill's
-# block at a time); sampling measured up to 8% above the terms (benchmarks/pretrained.py)
+# block at a time); sampling measured up to 4% above the terms (benchmarks/pretrained.py)
 MARGIN = 1.1
 
 
@@ -76,7 +78,7 @@ def estimate_bytes(backbone: str, config: dict[str, Any], work: Workload) -> int
     activations = work.sequences * seq_len * model.count(lambda m: m.activation_floats(seq_len))
     head_gradients = work.trained * HEAD_GRADIENT_COPIES * vocab * width
     cache = work.sampled * seq_len * model.count(lambda m: m.cache_floats())
-    sampling = work.sampled * (SAMPLING_VOCAB_FLOATS + seq_len) * vocab
+    sampling = work.sampled * SAMPLING_VOCAB_FLOATS * vocab
     return round(
         MARGIN * (weights + FLOAT_BYTES * (activations + head_gradients + cache + sampling))
     )

@@ -307,16 +307,16 @@ def test_the_preflight_prices_sharded_and_adapted_models_as_they_are_held():
     shape = {"vocab_size": 50257, "block_size": 1024, "n_layer": 24, "n_head": 16, "n_embd": 1024}
     with torch.device("meta"):
         params = sum(p.numel() for p in build("gpt", shape).parameters())
-    head_gradients = 4 * HEAD_GRADIENT_COPIES * 50257 * 1024  # per trained model
+    head_gradients = 4 * HEAD_GRADIENT_COPIES * shape["vocab_size"] * shape["n_embd"]
 
-    def weights(work: Workload) -> int:
+    def estimate(work: Workload) -> int:
         return estimate_bytes("gpt", shape, work)
 
-    assert weights(Workload(trained=1)) == round(MARGIN * (16 * params + head_gradients))
+    assert estimate(Workload(trained=1)) == round(MARGIN * (16 * params + head_gradients))
     sharded = 16 * params / 8 + 4 * params + head_gradients
-    assert weights(Workload(trained=1, sharded_over=8)) == round(MARGIN * sharded)
-    assert weights(Workload(trained=0, adapted=1, frozen_bf16=True)) == round(MARGIN * 4 * params)
-    assert weights(Workload(trained=0, frozen=1, frozen_bf16=True)) == round(MARGIN * 2 * params)
+    assert estimate(Workload(trained=1, sharded_over=8)) == round(MARGIN * sharded)
+    assert estimate(Workload(trained=0, adapted=1, frozen_bf16=True)) == round(MARGIN * 4 * params)
+    assert estimate(Workload(trained=0, frozen=1, frozen_bf16=True)) == round(MARGIN * 2 * params)
 
 
 @pytest.mark.parametrize("checkpointed", [False, True])
@@ -333,7 +333,7 @@ def test_the_preflight_counts_what_the_whole_model_built_on_meta_holds(
 ):
     """The estimate extrapolates from one and two blocks; built whole, the model agrees.
     Beside the weights, activations and cache: the trained model's LM-head gradient copies
-    and each sampled row's vocabulary-wide floats, a decoding step's and its prefill's."""
+    and each sampled row's vocabulary-wide floats."""
     with torch.device("meta"):
         model = build(backbone, shape)
     model.activation_checkpointing = checkpointed
@@ -342,8 +342,7 @@ def test_the_preflight_counts_what_the_whole_model_built_on_meta_holds(
     per_token = model.activation_floats(seq_len)
     work = Workload(trained=1, frozen=2, sequences=3, sampled=5, checkpointed=checkpointed)
     floats = seq_len * (3 * per_token + 5 * model.cache_floats())
-    floats += HEAD_GRADIENT_COPIES * vocab * shape["n_embd"]
-    floats += 5 * (SAMPLING_VOCAB_FLOATS + seq_len) * vocab  # a step's, and the prefill's logits
+    floats += HEAD_GRADIENT_COPIES * vocab * shape["n_embd"] + 5 * SAMPLING_VOCAB_FLOATS * vocab
     whole = 16 * params + 8 * params + 4 * floats
     assert estimate_bytes(backbone, shape, work) == round(MARGIN * whole)
 

@@ -59,6 +59,23 @@ def test_sampling_logprobs_match_a_full_forward_pass(model):
     )
 
 
+def test_the_head_runs_on_one_position_a_row_the_prefill_included(model, monkeypatch):
+    """No [B, T, V] logits of the prompt (at 64 x 512 tokens of Qwen3's vocabulary, 10 GB in
+    bfloat16): the prefill keeps the last position's (the log-probs still match a full
+    forward's, above)."""
+    monkeypatch.setenv("RLHF_DECODE", "eager")  # every head call runs, none only traced
+    head_inputs = []
+    lm_logits = model.lm_logits
+
+    def recorded(hidden: torch.Tensor) -> torch.Tensor:
+        head_inputs.append(hidden.shape)
+        return lm_logits(hidden)
+
+    monkeypatch.setattr(model, "lm_logits", recorded)
+    run(model, SamplingConfig(max_new_tokens=5))
+    assert head_inputs == [(len(PROMPTS), 1, 32)] * 5  # the prefill, then four steps
+
+
 def test_rows_stop_at_the_end_token_and_pad_after(model):
     favour_the_end_token(model)
     out = run(model, SamplingConfig(max_new_tokens=30))

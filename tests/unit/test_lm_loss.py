@@ -63,6 +63,18 @@ def test_one_chunk_is_the_plain_loss_bit_for_bit(family):
     assert all(torch.equal(grad, plain[name]) for name, grad in grads.items())
 
 
+def test_the_graph_keeps_no_gradient_after_the_backward():
+    """The gradients made in the forward are handed to autograd, not kept by the loss's graph
+    node: a [V, C] float32 head gradient would otherwise outlive the backward beside the
+    parameter's own, as long as the loss (through the optimizer step)."""
+    net, (inputs, targets) = model("gpt"), batch()
+    loss = masked_lm_loss(net, inputs, targets)
+    head, hidden = loss.grad_fn.grads[1], loss.grad_fn.grads[0]
+    assert head.shape == net.lm_head.weight.shape and hidden.shape[-1] == head.shape[1]
+    loss.backward()
+    assert loss.grad_fn.grads is None
+
+
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_the_chunked_loss_is_the_plain_loss_with_its_gradients(family, monkeypatch):
     """Chunks of 16 of the 60 tokens (four, the last partial): the loss and every parameter's
