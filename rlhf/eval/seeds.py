@@ -22,6 +22,13 @@ COMPARED = {
     "rm": ("acc_gold",),
 }
 NOISE_STDS = 2.0  # a value this many seed standard deviations from the mean is "within noise"
+# Another CPU's run of the same params: its float rounding differs from the first SFT step on,
+# which training compounds into what amounts to another seed, drawn once. Its numbers must lie
+# within this many seed standard deviations of the mean (each at least MIN_STD), wide enough
+# that three seeds' noisy standard deviation does not fail an honest run, narrow enough that
+# a pipeline that stopped learning does (a policy no better than SFT, a reward model at chance).
+OTHER_CPU_STDS = 4.0
+MIN_STD = 0.01
 
 
 def compared_numbers(metrics: Mapping[str, Mapping]) -> dict[str, float]:
@@ -49,6 +56,11 @@ class Spread:
 
     def within_noise(self, value: float) -> bool:
         return abs(value - self.mean) <= NOISE_STDS * self.std
+
+    def band(self) -> tuple[float, float]:
+        """Where another CPU's run of the same params must land (OTHER_CPU_STDS)."""
+        width = OTHER_CPU_STDS * max(self.std, MIN_STD)
+        return self.mean - width, self.mean + width
 
 
 def spreads(runs: Sequence[Mapping[str, float]]) -> dict[str, Spread]:

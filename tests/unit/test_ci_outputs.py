@@ -1,0 +1,98 @@
+"""CI's check of the README's install-and-run (`.ci/outputs.py`) on a checkout of its own: the
+bytes on the CPU that made the committed outputs, the seed spread on any other."""
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlhf.cpu import cpu_signature
+
+from conftest import REPO
+
+SPREAD = {
+    "eval:win_rate.gold.ppo_vs_sft": dict(mean=0.58, std=0.02, low=0.56, high=0.6, seeds=3),
+    "rm:acc_gold": dict(mean=0.85, std=0.03, low=0.81, high=0.88, seeds=3),
+}
+GIT = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com"]
+COMMITTED = {"eval": {"win_rate": {"gold": {"ppo_vs_sft": 0.57}}}, "rm": {"acc_gold": 0.84}}
+
+
+def write_json(path: Path, value: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A git checkout holding committed metrics, their seeds' spread and the CPU that made them
+    (this one)."""
+    write_json(
+        tmp_path / "docs/seeds.json", {"seeds": {"1": {}, "2": {}, "3": {}}, "spread": SPREAD}
+    )
+    write_json(tmp_path / "docs/committed-cpu.json", cpu_signature())
+    for name, metrics in COMMITTED.items():
+        write_json(tmp_path / f"metrics/{name}.json", metrics)
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "outputs"]):
+        subprocess.run([*GIT, *args], cwd=tmp_path, check=True)
+    return tmp_path
+
+
+@pytest.fixture
+def check(capsys):
+    """`python .ci/outputs.py check --root ROOT`: its exit status and what it printed."""
+    spec = importlib.util.spec_from_file_location("ci_outputs", REPO / ".ci" / "outputs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(root: Path) -> tuple[int, str, str]:
+        status = script.main(["check", "--root", str(root)])
+        printed = capsys.readouterr()
+        return status, printed.out, printed.err
+
+    return run
+
+
+def rerun(root: Path, win_rate: float) -> None:
+    """The README's run wrote this win rate over SFT."""
+    write_json(root / "metrics/eval.json", {"win_rate": {"gold": {"ppo_vs_sft": win_rate}}})
+
+
+def made_elsewhere(root: Path) -> None:
+    """The committed outputs come from another CPU."""
+    write_json(root / "docs/committed-cpu.json", cpu_signature() | {"vendor": "GenuineIntel"})
+    subprocess.run([*GIT, "commit", "-qam", "elsewhere"], cwd=root, check=True)
+
+
+def test_the_committed_cpu_checks_bytes(checkout, check):
+    status, out, _ = check(checkout)
+    assert status == 0 and "outputs check: bytes" in out
+    rerun(checkout, 0.5701)  # a last-digit change fails it
+    status, _, err = check(checkout)
+    assert status == 1 and "changed:  M metrics/eval.json" in err
+
+
+def test_another_cpu_checks_the_seed_spread_and_restores_the_committed_files(checkout, check):
+    made_elsewhere(checkout)
+    rerun(checkout, 0.62)  # within 0.58 ± 4 * 0.02
+    status, out, err = check(checkout)
+    assert status == 0, err
+    assert "outputs check: seed spread" in out and "vendor GenuineIntel" in out
+    assert json.loads((checkout / "metrics/eval.json").read_text()) == COMMITTED["eval"]
+
+
+@pytest.mark.parametrize("win_rate", [0.49, 0.67])
+def test_another_cpu_fails_a_number_outside_the_spread(checkout, check, win_rate):
+    made_elsewhere(checkout)
+    rerun(checkout, win_rate)
+    status, _, err = check(checkout)
+    assert status == 1
+    assert f"eval:win_rate.gold.ppo_vs_sft: {win_rate:.4f} outside 0.5000 – 0.6600" in err
+    assert "rm:acc_gold" not in err
+
+
+def test_the_committed_outputs_name_the_cpu_that_made_them():
+    signature = json.loads((REPO / "docs" / "committed-cpu.json").read_text())
+    assert set(signature) == set(cpu_signature())
