@@ -75,6 +75,20 @@ def test_the_graph_keeps_no_gradient_after_the_backward():
     assert loss.grad_fn.grads is None
 
 
+def test_the_backward_scales_the_gradients_by_the_upstream_gradient():
+    """The gradients the forward made are multiplied by the loss's own gradient: a weighted
+    term (PPO-ptx's `ptx_coef`, a microbatch's share of its minibatch) gets its weight's
+    share of every gradient, 3 times the loss 3 times each parameter's gradient."""
+    net, (inputs, targets) = model("gpt"), batch()
+    masked_lm_loss(net, inputs, targets).backward()
+    once = gradients(net)
+    (3 * masked_lm_loss(net, inputs, targets)).backward()
+    thrice = gradients(net)
+    assert thrice.keys() == once.keys()
+    for name, grad in once.items():
+        torch.testing.assert_close(thrice[name], 3 * grad)
+
+
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_the_chunked_loss_is_the_plain_loss_with_its_gradients(family, monkeypatch):
     """Chunks of 16 of the 60 tokens (four, the last partial): the loss and every parameter's
