@@ -1,21 +1,35 @@
-"""The results tables of README.md and docs/results.md, written from the committed metrics so
-they cannot go stale.
+"""The results of README.md and docs/results.md, written from the committed measurements so no
+sentence or table that states a figure can go stale.
 
-    python docs/results.py           # rewrite the block between the results markers
-    python docs/results.py --check   # exit 1, naming the file, when the block is stale
+    python docs/results.py                        # rewrite the generated blocks
+    python docs/results.py --check                # exit 1, naming the file, when one is stale
+    python docs/results.py --record-time SECONDS  # after timing the default's `dvc repro`
 
-The block between `<!-- results:begin -->` and `<!-- results:end -->` is generated from
-docs/seeds.json (the spread of the headline numbers over seeds, `rlhf compare --json`) and
-metrics/eval.json and metrics/rm.json with their details in metrics/details/ (what
-`dvc repro` committed): every policy's gold score, reward and KL to the SFT policy, and each
-pair's gold win rate with its interval, through the same tables reports/eval.md shows.
+Two generated blocks, each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`:
+
+- `results` (README.md and docs/results.md, the same text): how long the default's `dvc repro`
+  takes (docs/run-time.json: the one place the run time is stated; other pages link to it),
+  the spread over seeds of the headline numbers (docs/seeds.json, `rlhf compare --json`),
+  issue 45's targets against it, what the numbers say, then the committed run in full
+  (metrics/eval.json and metrics/rm.json with their details in metrics/details/, what
+  `dvc repro` committed), through the same tables reports/eval.md shows.
+- `findings` (docs/results.md): the committed run by task family, what the reward model
+  judges worst, and the gold score along RL training (metrics/eval_overoptimization.csv).
+
+A number docs/seeds.json or the metrics lack (written before the evaluation measured it) is
+shown as not measured, never guessed.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import os
+import statistics
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,99 +38,485 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from rlhf.eval.report import policies_table, win_rates_table  # noqa: E402
-from rlhf.eval.seeds import compared_numbers  # noqa: E402
+from rlhf.eval.report import GOLD_DROP, ROW_LABELS, policies_table, win_rates_table  # noqa: E402
+from rlhf.eval.seeds import COMPARED, compared_numbers  # noqa: E402
+from rlhf.reward_sources import REWARD_MODEL  # noqa: E402
+from rlhf.stages.support import paths  # noqa: E402
 from rlhf.stages.support.metric_files import read_metrics  # noqa: E402
 
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-TARGETS = (ROOT / "README.md", ROOT / "docs" / "results.md")
+README, RESULTS_PAGE = ROOT / "README.md", ROOT / "docs" / "results.md"
+BLOCKS = {"results": (README, RESULTS_PAGE), "findings": (RESULTS_PAGE,)}  # name -> its pages
 JUDGE = "gold"
+SFT = "sft"
 SEEDS = ROOT / "docs" / "seeds.json"  # `rlhf compare --json` of the default at several seeds
+RUN_TIME = ROOT / "docs" / "run-time.json"  # `--record-time`: the default's whole `dvc repro`
+RECORD_TIME = "python docs/results.py --record-time SECONDS"
+Compared = Mapping[str, Any]  # docs/seeds.json: {"seeds": {seed: {key: value}}, "spread": ...}
+Metrics = Mapping[str, Any]
 
 
-def results_markdown(evaluation: dict[str, Any], reward_model: dict[str, Any], seed: int) -> str:
-    """The results block: what the default `dvc repro` measured, one run at its seed."""
-    accuracy = reward_model["acc_gold"]
-    lines = [
-        f"The default pipeline (`dvc repro`, seed {seed}) on {evaluation['prompts']} held-out "
+@dataclass(frozen=True)
+class Comparison:
+    """One way a policy meets a baseline of SFT's: its win-rate metric (`metric.<judge>.<pair>`
+    in the metrics, its interval under `metric_ci95`), the pair as a pattern of the policy's
+    name, a label for the seeds table and a title for the claims."""
+
+    metric: str
+    pair: str
+    label: str
+    title: str
+
+    def key(self, policy: str, judge: str = JUDGE) -> str:
+        return f"{self.metric}.{judge}.{self.pair.format(policy)}"
+
+    def interval_key(self, policy: str, judge: str = JUDGE) -> str:
+        return f"{self.metric}_ci95.{judge}.{self.pair.format(policy)}"
+
+
+SAMPLED = Comparison(
+    "win_rate", "{}_vs_sft", "win rate over SFT, sampled", "Sampled, against SFT sampled"
+)
+BEST_TEMPERATURE = Comparison(
+    "win_rate_best_temperature",
+    "{}_vs_sft",
+    "win rate over SFT, each at its best temperature",
+    "Each at its best temperature, against SFT at its best",
+)
+GREEDY = Comparison(
+    "win_rate_greedy", "{}_vs_sft", "win rate over SFT, greedy", "Greedy, against SFT greedy"
+)
+BEST_OF_N = Comparison(
+    "win_rate_vs_best_of_n",
+    "{}",
+    "win rate over best-of-n of SFT at the nearest KL",
+    "Against best-of-n of SFT at the nearest KL",
+)
+COMPARISONS = (SAMPLED, BEST_TEMPERATURE, GREEDY, BEST_OF_N)
+# the seeds table's rows after the win rates: measures every policy has (labels as in the report)
+MEASURES = ("gold_sampled", "gold_best_temperature", "gold_greedy", "best_temperature", "kl_to_sft")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A number from docs/seeds.json whose mean over the seeds must reach `threshold`."""
+
+    key: str
+    threshold: float
+    says: str
+
+
+TARGET_POLICIES = ("ppo", "dpo", "grpo")  # issue 45 sets its targets for these
+TARGETS_PER_POLICY = (
+    (BEST_TEMPERATURE, 0.60, "{} at its best temperature beats SFT at its best"),
+    (GREEDY, 0.55, "{} greedy beats SFT greedy"),
+    (BEST_OF_N, 0.50, "{}'s gold score is at least that of best-of-n of SFT at the nearest KL"),
+)
+RM_TARGET = Target(
+    "rm:acc_gold", 0.90, "The reward model orders held-out comparisons as the gold judge does"
+)
+
+
+def targets(policies: Sequence[str] = TARGET_POLICIES) -> list[Target]:
+    """Issue 45's targets: per policy, its win rates against SFT's cheap baselines; then the
+    reward model's gold accuracy."""
+    per_policy = [
+        Target(f"eval:{comparison.key(policy)}", threshold, says.format(name(policy)))
+        for policy in policies
+        for comparison, threshold, says in TARGETS_PER_POLICY
+    ]
+    return [*per_policy, RM_TARGET]
+
+
+def name(policy: str) -> str:
+    """A policy as prose names it: `ppo` -> PPO."""
+    return policy.upper()
+
+
+def number(value: float) -> str:
+    """A figure as the tables show it (no negative zero)."""
+    return f"{value + 0.0:.3f}"
+
+
+def listed(items: Sequence[str]) -> str:
+    return ", ".join(items) if items else "none"
+
+
+def lookup(metrics: Metrics, dotted: str) -> Any:
+    """The value at a dotted metrics key (`win_rate.gold.ppo_vs_sft`), None where missing."""
+    here: Any = metrics
+    for part in dotted.split("."):
+        if not isinstance(here, Mapping) or part not in here:
+            return None
+        here = here[part]
+    return here
+
+
+def seed_values(compared: Compared, key: str) -> dict[str, float]:
+    """Each seed's value of `key` (an `rlhf compare` key, `eval:...`), for the seeds that
+    measured it, in seed order."""
+    return {
+        seed: numbers[key]
+        for seed, numbers in sorted(compared["seeds"].items(), key=lambda item: int(item[0]))
+        if key in numbers
+    }
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return [*lines, *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def duration(seconds: float) -> str:
+    """`650` -> `10 min 50 s`."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def run_time_markdown(record: Mapping[str, Any] | None) -> list[str]:
+    """The one statement of how long the default's whole `dvc repro` takes."""
+    if record is None:
+        said = f"The default's run time is not recorded: time `dvc repro`, then `{RECORD_TIME}`."
+    else:
+        note = f" ({record['note']})" if record.get("note") else ""
+        said = (
+            f"**Run time.** The default's whole `dvc repro` took {duration(record['seconds'])} "
+            f"on a {record['cores']}-core CPU{note}, as `time dvc repro` measured it "
+            f"(`docs/run-time.json`, recorded by `{RECORD_TIME}`)."
+        )
+    return [said, ""]
+
+
+def spread_cell(compared: Compared, key: str) -> str:
+    spread = compared["spread"].get(key)
+    if spread is None:
+        return "–"
+    return (
+        f"{number(spread['mean'])} ± {number(spread['std'])} "
+        f"({number(spread['low'])} – {number(spread['high'])})"
+    )
+
+
+def seeds_markdown(compared: Compared) -> list[str]:
+    """The spread over seeds of the numbers a reader compares, a row per measure and a column
+    per policy: the win rates over SFT's baselines, gold scores, best temperature and KL to SFT;
+    then the reward model's gold accuracy. A measure no seed has is left out."""
+    seeds = sorted(compared["seeds"], key=int)
+    keys = compared["spread"]
+    policies = sorted({key.rsplit(".", 1)[1] for key in keys if key.startswith("eval:kl_to_sft.")})
+    rows = [(c.label, [f"eval:{c.key(p)}" for p in policies]) for c in COMPARISONS] + [
+        (ROW_LABELS.get(m, m), [f"eval:{m}.{p}" for p in policies]) for m in MEASURES
+    ]
+    shown = [
+        [label, *(spread_cell(compared, key) for key in row_keys)]
+        for label, row_keys in rows
+        if any(key in keys for key in row_keys)
+    ]
+    accuracy = f"`{RM_TARGET.key}`, {spread_cell(compared, RM_TARGET.key)}"
+    return [
+        f"**Over {len(seeds)} seeds** of the default ({', '.join(seeds)}; `rlhf seeds`, then "
+        "`rlhf compare --json > docs/seeds.json`): mean ± standard deviation (min – max). A "
+        "difference smaller than about two standard deviations is seed noise. Win rates by "
+        f"the {JUDGE} judge, ties half.",
+        "",
+        *markdown_table(["number", *policies], shown),
+        f"The reward model's gold accuracy, {accuracy}.",
+        "",
+    ]
+
+
+def target_row(target: Target, compared: Compared) -> list[str]:
+    """One target's row: what it asks, the mean and range over the seeds, whether it is met."""
+    says = f"{target.says}: `{target.key}` ≥ {target.threshold:.2f}"
+    spread = compared["spread"].get(target.key)
+    if spread is None:
+        return [says, "not measured", "–", "–"]
+    met = "yes" if spread["mean"] >= target.threshold else "no"
+    span = f"{number(spread['low'])} – {number(spread['high'])}"
+    return [says, number(spread["mean"]), span, met]
+
+
+def targets_markdown(compared: Compared) -> list[str]:
+    """Issue 45's targets against the mean over the seeds."""
+    rows = [target_row(target, compared) for target in targets()]
+    return [
+        "**Targets** (issue 45), each met when its mean over the seeds reaches it. "
+        "docs/seeds.json holds each seed's value, not its interval: the committed run's "
+        "intervals are below.",
+        "",
+        *markdown_table(["target", "mean over seeds", "min – max", "met"], rows),
+    ]
+
+
+def seeds_claim(comparison: Comparison, compared: Compared, policies: Sequence[str]) -> str:
+    """Each policy's win rate at every seed (docs/seeds.json has no intervals): whose is above
+    0.5 at each seed, whose is not, and the highest mean."""
+    seeds = sorted(compared["seeds"], key=int)
+    values = {p: seed_values(compared, f"eval:{comparison.key(p)}") for p in policies}
+    measured = {p: list(v.values()) for p, v in values.items() if seeds and len(v) == len(seeds)}
+    if not measured:
+        return ""
+    shown = {p: f"{name(p)} ({', '.join(number(x) for x in v)})" for p, v in measured.items()}
+    every = [shown[p] for p, v in measured.items() if min(v) > 0.5]
+    text = f"At seeds {', '.join(seeds)}, above 0.5 at each: {listed(every)}"
+    if len(every) < len(measured):
+        text += f"; not: {listed([shown[p] for p, v in measured.items() if min(v) <= 0.5])}"
+    means = {p: statistics.fmean(v) for p, v in measured.items()}
+    if len(means) > 1:
+        best = max(means, key=means.__getitem__)
+        text += f". Highest mean over the seeds: {name(best)} ({number(means[best])})"
+    return text + "."
+
+
+def interval_claim(
+    comparison: Comparison, evaluation: Metrics, seed: int, policies: Sequence[str]
+) -> str:
+    """Which policies win in the committed run with the whole 95% interval above 0.5, which
+    do not; a win rate measured without an interval is given as it is."""
+    above, not_above, bare = [], [], []
+    for p in policies:
+        rate = lookup(evaluation, comparison.key(p))
+        interval = lookup(evaluation, comparison.interval_key(p)) or {}
+        if rate is None:
+            continue
+        if interval.get("low") is None or interval.get("high") is None:
+            bare.append(f"{name(p)} {number(rate)}")
+            continue
+        shown = f"{name(p)} {number(rate)} ({number(interval['low'])} – {number(interval['high'])})"
+        (above if interval["low"] > 0.5 else not_above).append(shown)
+    sentences = []
+    if above or not_above:
+        run = f"the committed run (seed {seed})"
+        text = f"Wins with the whole 95% interval above 0.5 in {run}: {listed(above)}"
+        sentences.append(text + (f"; not: {listed(not_above)}." if not_above else "."))
+    if bare:
+        sentences.append(f"In the committed run (seed {seed}), no interval: {listed(bare)}.")
+    return " ".join(sentences)
+
+
+def judge_claim(evaluation: Metrics, policies: Sequence[str]) -> str:
+    """The reward model as a judge against the gold judge, on the committed run."""
+    pairs = [
+        (p, lookup(evaluation, SAMPLED.key(p, REWARD_MODEL)), lookup(evaluation, SAMPLED.key(p)))
+        for p in policies
+    ]
+    pairs = [(p, rm, gold) for p, rm, gold in pairs if rm is not None and gold is not None]
+    if not pairs:
+        return ""
+    shown = listed(
+        [f"{name(p)} {number(rm)} where gold says {number(gold)}" for p, rm, gold in pairs]
+    )
+    proxy = "on your own data it is the judge there is, so read it as the proxy it is"
+    if all(rm > gold for _, rm, gold in pairs):
+        return (
+            "**The reward model as a judge** puts every policy further above SFT than the gold "
+            f"judge does ({shown}, sampled, committed run): it flatters the policies that "
+            f"optimized it; {proxy}."
+        )
+    return f"**The reward model as a judge**, sampled, committed run: {shown}; {proxy}."
+
+
+def claims_markdown(compared: Compared, evaluation: Metrics, seed: int) -> list[str]:
+    """What the numbers say, as sentences generated from them: per comparison with SFT's
+    baselines, who wins at every seed and who with the whole committed interval above 0.5 (a
+    comparison measured nowhere is left out); what the reward model says as a judge; whose KL
+    varies most between seeds."""
+    policies = [p for p in evaluation["kl_to_sft"] if p != SFT]
+    bullets = []
+    for comparison in COMPARISONS:
+        seeds = seeds_claim(comparison, compared, policies)
+        said = " ".join(
+            filter(None, (seeds, interval_claim(comparison, evaluation, seed, policies)))
+        )
+        if said:
+            bullets.append(f"**{comparison.title}.** {said}")
+    bullets.append(judge_claim(evaluation, policies))
+    kl = {p: compared["spread"].get(f"eval:kl_to_sft.{p}") for p in policies}
+    kl = {p: s for p, s in kl.items() if s is not None and s["std"] > 0}
+    if kl:
+        widest = max(kl, key=lambda p: kl[p]["std"])
+        bullets.append(
+            f"**KL to SFT** varies most between seeds for {name(widest)}: "
+            f"{number(kl[widest]['low'])} to {number(kl[widest]['high'])} nats per answer."
+        )
+    return [
+        "**What the numbers say**, generated from them (win rates by the gold judge, ties half):",
+        "",
+        *(f"- {bullet}" for bullet in bullets if bullet),
+        "",
+    ]
+
+
+def committed_markdown(evaluation: Metrics, reward_model: Metrics, seed: int) -> list[str]:
+    """The committed run in full: every policy's measures and every pair's win rates."""
+    return [
+        f"**The committed run** (`dvc repro`, seed {seed}) on {evaluation['prompts']} held-out "
         "prompts; the reward model orders "
-        f"{accuracy:.1%} of held-out comparisons as the gold judge does. Generated from "
-        "`metrics/` by `python docs/results.py`.",
+        f"{reward_model['acc_gold']:.1%} of held-out comparisons as the gold judge does.",
         "",
         *policies_table(evaluation),
         f"Win rates judged by {JUDGE}, ties half, 95% bootstrap over prompts:",
         "",
         *win_rates_table(evaluation, JUDGE),
     ]
+
+
+def results_markdown(
+    evaluation: Metrics,
+    reward_model: Metrics,
+    seed: int,
+    compared: Compared | None,
+    run_time: Mapping[str, Any] | None,
+) -> str:
+    """The `results` block: the run time, the seeds' spread, the targets, the claims, the
+    committed run. Without docs/seeds.json, the run time, claims and committed run alone."""
+    seeds = compared or {"seeds": {}, "spread": {}}
+    lines = [
+        *run_time_markdown(run_time),
+        *(seeds_markdown(seeds) + targets_markdown(seeds) if compared else []),
+        *claims_markdown(seeds, evaluation, seed),
+        *committed_markdown(evaluation, reward_model, seed),
+    ]
     return "\n".join(lines).rstrip("\n")
 
 
-def seeds_markdown(compared: dict[str, Any]) -> list[str]:
-    """The spread over seeds of the numbers a reader compares (`rlhf compare --json` of the
-    default run at several seeds): gold win rate over SFT, gold score, KL to SFT, RM accuracy."""
-    seeds = ", ".join(sorted(compared["seeds"], key=int))
-    rows = []
-    for key, spread in compared["spread"].items():
-        name = key.split(":", 1)[1]
-        shown = (
-            (name.startswith("win_rate.gold.") and name.endswith("_vs_sft"))
-            or name.startswith("gold_sampled.")
-            or (name.startswith("kl_to_sft.") and not name.endswith(".sft"))
-            or name == "acc_gold"
+def task_changes(evaluation: Metrics, policy: str) -> str:
+    """Where `policy`'s sampled gold score moved from SFT's by at least GOLD_DROP, by task."""
+    by_task = evaluation["by_task"]
+    moved: dict[str, list[str]] = {"gains": [], "loses": [], "is level": []}
+    for task, scores in by_task[SFT].items():
+        before, after = scores["gold_sampled"], by_task[policy][task]["gold_sampled"]
+        way = "is level"
+        if abs(after - before) >= GOLD_DROP:
+            way = "gains" if after > before else "loses"
+        moved[way].append(f"{task} ({number(before)} → {number(after)})")
+    said = [f"{way} on {listed(tasks)}" for way, tasks in moved.items() if tasks]
+    return f"{name(policy)} {'; '.join(said)}"
+
+
+def curve_claim(rows: Sequence[Mapping[str, str]]) -> str:
+    """Each RL policy's gold score along training: SFT's, the peak, the end."""
+    by_policy: dict[str, list[Mapping[str, str]]] = {}
+    for row in rows:
+        if row.get("gold_score"):
+            by_policy.setdefault(row["policy"], []).append(row)
+    said = []
+    for policy, curve in by_policy.items():
+        gold = [float(row["gold_score"]) for row in curve]
+        peak = max(range(len(curve)), key=gold.__getitem__)
+        said.append(
+            f"{name(policy)}'s gold score goes from SFT's {number(gold[0])} to its peak, "
+            f"{number(gold[peak])}, at iteration {curve[peak]['step']} (KL "
+            f"{number(float(curve[peak]['kl_to_sft']))}) and ends at {number(gold[-1])}"
         )
-        if shown:
-            rows.append(
-                f"| `{key}` | {spread['mean']:.3f} ± {spread['std']:.3f} | "
-                f"{spread['low']:.3f} – {spread['high']:.3f} |"
-            )
-    return [
-        f"Over {len(compared['seeds'])} seeds of the default ({seeds}; `rlhf seeds`, then "
-        "`rlhf compare --json > docs/seeds.json`): mean ± standard deviation, and the range. A "
-        "difference smaller than about two standard deviations is seed noise.",
+    if not said:
+        return ""
+    return (
+        f"Along RL training (`{paths.EVAL_CURVE.as_posix()}`, fewer answers per prompt at the "
+        f"snapshots): {'; '.join(said)}."
+    )
+
+
+def findings_markdown(
+    evaluation: Metrics, reward_model: Metrics, curve: Sequence[Mapping[str, str]]
+) -> str:
+    """The `findings` block: the committed run's gold score by task family with the reward
+    model's gold accuracy there, where each policy gains on SFT, the task the reward model
+    judges worst, and the gold score along RL training."""
+    policies = list(evaluation["kl_to_sft"])
+    by_task, accuracy = evaluation["by_task"], reward_model.get("acc_gold_by_task", {})
+    rows = [
+        [task, *(number(by_task[p][task]["gold_sampled"]) for p in policies),
+         number(accuracy[task]) if task in accuracy else "–"]
+        for task in by_task[SFT]
+    ]  # fmt: skip
+    lines = [
+        "The committed run by task family: the gold score of sampled answers, and how often the "
+        "reward model orders that family's held-out comparisons as the gold judge does.",
         "",
-        "| number | mean ± std | min – max |",
-        "| --- | --- | --- |",
-        *rows,
-        "",
+        *markdown_table(["task", *policies, "reward model's gold accuracy"], rows),
+        "Against SFT, by at least "
+        f"{GOLD_DROP}: {'. '.join(task_changes(evaluation, p) for p in policies if p != SFT)}.",
     ]
+    if accuracy:
+        worst = min(accuracy, key=accuracy.get)
+        lines.append(
+            f"The reward model judges {worst} worst (gold accuracy {number(accuracy[worst])}, "
+            f"{number(reward_model['acc_gold'])} over all families)."
+        )
+    lines.append(curve_claim(curve))
+    return "\n".join(lines).rstrip("\n")
 
 
-def with_results(text: str, block: str, name: str) -> str:
-    """`text` with the block between the markers replaced by `block`."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"{name}: needs one {BEGIN} and one {END} line")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+def with_block(text: str, block_name: str, block: str, page: str) -> str:
+    """`text` with the named block between its markers replaced by `block`."""
+    begin, end = f"<!-- {block_name}:begin -->", f"<!-- {block_name}:end -->"
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise SystemExit(f"{page}: needs one {begin} and one {end} line")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def record_time(seconds: float) -> None:
+    """docs/run-time.json: the default's whole `dvc repro`, timed on this machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    record = {"seconds": round(seconds), "cores": cores}
+    RUN_TIME.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{RUN_TIME.relative_to(ROOT)}: {duration(seconds)} on {cores} cores")
+
+
+def stale_seeds(compared: Compared, seed: int) -> bool:
+    """Whether docs/seeds.json's run at the committed seed is not the committed one: compared
+    as `rlhf compare` reads runs, from the headline files alone."""
+    headline = {name: read_json(ROOT / paths.metrics_file(name)) or {} for name in COMPARED}
+    return compared["seeds"].get(str(seed)) != compared_numbers(headline)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report a stale block")
-    check = parser.parse_args(argv).check
-    for name in ("eval", "rm"):  # DVC-cached: a checkout without them cannot say anything
-        if not (ROOT / "metrics" / "details" / f"{name}.json").exists():
-            print(f"metrics/details/{name}.json is missing: run `dvc pull` (or `dvc repro`)")
+    parser.add_argument(
+        "--record-time",
+        type=float,
+        metavar="SECONDS",
+        help="record how long the default's whole `dvc repro` took, then regenerate",
+    )
+    args = parser.parse_args(argv)
+    if args.record_time is not None:
+        record_time(args.record_time)
+    for stage in ("eval", "rm"):  # DVC-cached: a checkout without them cannot say anything
+        if not (ROOT / paths.details_file(stage)).exists():
+            print(f"{paths.details_file(stage)} is missing: run `dvc pull` (or `dvc repro`)")
             return 1
-    metrics = {name: read_metrics(name, ROOT) for name in ("eval", "rm")}
+    evaluation, reward_model = read_metrics("eval", ROOT), read_metrics("rm", ROOT)
     seed = yaml.safe_load((ROOT / "params.yaml").read_text())["seed"]
-    block = results_markdown(metrics["eval"], metrics["rm"], seed)
-    if SEEDS.exists():
-        compared = json.loads(SEEDS.read_text())
-        if compared["seeds"].get(str(seed)) != compared_numbers(metrics):
-            print(f"{SEEDS.name}: its run at seed {seed} is not the one in metrics/: rerun "
-                  "`rlhf seeds` and `rlhf compare --json > docs/seeds.json`")  # fmt: skip
-            return 1
-        block = "\n".join([*seeds_markdown(compared), block])
+    compared = read_json(SEEDS)
+    if compared is not None and stale_seeds(compared, seed):
+        print(f"{SEEDS.name}: its run at seed {seed} is not the one in metrics/: rerun "
+              "`rlhf seeds` and `rlhf compare --json > docs/seeds.json`")  # fmt: skip
+        return 1
+    with (ROOT / paths.EVAL_CURVE).open() as file:
+        curve = list(csv.DictReader(file))
+    blocks = {
+        "results": results_markdown(evaluation, reward_model, seed, compared, read_json(RUN_TIME)),
+        "findings": findings_markdown(evaluation, reward_model, curve),
+    }
     stale = []
-    for target in TARGETS:
-        text = target.read_text()
-        updated = with_results(text, block, target.name)
+    for page in (README, RESULTS_PAGE):
+        text = page.read_text()
+        updated = text
+        for block_name, pages in BLOCKS.items():
+            if page in pages:
+                updated = with_block(updated, block_name, blocks[block_name], page.name)
         if updated != text:
-            stale.append(target.name)
-            if not check:
-                target.write_text(updated)
-    if check and stale:
+            stale.append(page.name)
+            if not args.check:
+                page.write_text(updated)
+    if args.check and stale:
         print(f"{', '.join(stale)}: the results differ from metrics/: run python docs/results.py")
         return 1
     return 0

@@ -537,6 +537,43 @@ class EvaluateParams:
     examples_per_task: int = spec(
         2, "Held-out prompts per task family whose answers the report shows side by side.", ge=0
     )
+    temperatures: tuple[float, ...] = spec(
+        (0.3, 0.5, 0.7, 1.0),
+        "The sampling temperatures swept for every policy, SFT included: each policy's best "
+        "(`best_temperature.<policy>`) is the one whose answers the primary judge (the first "
+        "of `judges` that scores single answers, else the reward model) scores best on the "
+        "validation prompts, never the held-out ones; then `win_rate_best_temperature` sets "
+        "each policy at its best against SFT at its best on the held-out prompts, the baseline "
+        "a lower temperature alone gives.",
+        gt=0.0,
+    )
+    sweep_samples: int = spec(
+        4, "Answers sampled per validation prompt, policy and temperature of the sweep.", ge=1
+    )
+    bon_n: tuple[int, ...] = spec(
+        (2, 4, 8, 16),
+        "Best-of-n baselines: SFT samples n answers per held-out prompt and the reward model "
+        "keeps its favourite, `samples` times per prompt. Each is scored like a policy, with "
+        "its KL to SFT (at most log n - (n - 1)/n), and each policy is set against the one "
+        "whose KL is nearest its own (`win_rate_vs_best_of_n`). Empty: none.",
+        ge=1,
+    )
+    bon_pool: int = spec(
+        32,
+        "SFT answers sampled per held-out prompt that best-of-n draws from (with replacement): "
+        "at least the largest n; a larger pool brings best-of-n's KL and score nearer those of "
+        "fresh samples.",
+        ge=1,
+    )
+
+    def __post_init__(self) -> None:
+        if not self.temperatures:
+            raise ParamsError("evaluate.temperatures = []: list at least one temperature")
+        if self.bon_n and self.bon_pool < max(self.bon_n):
+            raise ParamsError(
+                f"evaluate.bon_pool = {self.bon_pool} must be at least the largest of "
+                f"evaluate.bon_n = {list(self.bon_n)!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -724,10 +761,13 @@ def _check_value(key: str, value: Any, hint: Any, meta: dict[str, Any], source: 
             suffix = f" (did you mean {hint_text[0]!r}?)" if hint_text else ""
             raise fail(f"is not one of {', '.join(repr(c) for c in choices)}{suffix}")
         return value
-    if origin is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if origin is tuple:  # a list: each element checked as a value of its own, bounds included
+        if not isinstance(value, list):
             raise fail(f"has the wrong type: expected {_describe_type(hint)}")
-        return tuple(value)
+        element = typing.get_args(hint)[0]
+        return tuple(
+            _check_value(f"{key}[{i}]", v, element, meta, source) for i, v in enumerate(value)
+        )
     value = _as_number(value, hint)
     if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
         raise fail(f"has the wrong type: expected {_describe_type(hint)}")

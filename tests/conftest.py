@@ -64,6 +64,10 @@ TINY_PARAMS = {
         "max_new_tokens": 12,
         "bootstrap_resamples": 200,
         "examples_per_task": 1,
+        "temperatures": [0.7, 1.0],
+        "sweep_samples": 1,
+        "bon_n": [2, 4],
+        "bon_pool": 4,
     },
 }
 

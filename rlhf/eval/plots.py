@@ -103,6 +103,46 @@ def overoptimization_curve(path: Path, curves: Mapping[str, Rows]) -> None:
     _save(fig, path)
 
 
+def score_against_kl(
+    path: Path,
+    curves: Mapping[str, Rows],
+    best_of_n: Mapping[str, Mapping[str, float]],
+    sft_temperatures: Mapping[str, Mapping[str, float]],
+    label: str,
+) -> None:
+    """RL and its cheap alternatives on one picture (Gao et al. 2022): `label`'s score
+    against KL to SFT along each RL policy's training (its snapshots), best-of-n of SFT at
+    each n (`best_of_n`: n -> its measures; held-out prompts) and SFT at each swept
+    temperature (`sft_temperatures`: t -> score and KL; validation prompts). A policy above
+    the best-of-n line at the same KL gained more than the reward model alone could pick."""
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    key = "gold_score" if "gold" in label else "rm_score"
+    for policy, rows in curves.items():
+        ax.plot(_column(rows, "kl_to_sft"), _column(rows, key), "o-", color=_color(policy),
+                label=f"{policy} along training")  # fmt: skip
+    if best_of_n:
+        ns = list(best_of_n)
+        kl = [float(best_of_n[n]["kl_to_sft"]) for n in ns]
+        score = [float(best_of_n[n]["gold_sampled" if key == "gold_score" else "rm_sampled"])
+                 for n in ns]  # fmt: skip
+        ax.plot(kl, score, "s--", color="black", label="best-of-n of SFT (RM picks)")
+        for n, xy in zip(ns, zip(kl, score, strict=True), strict=True):
+            ax.annotate(f"n={n}", xy, xytext=(4, -10), textcoords="offset points", fontsize=8)
+    for t, point in sft_temperatures.items():
+        xy = (float(point["kl_to_sft"]), float(point["score"]))
+        ax.plot(*xy, "D", color=_color("sft"), markersize=6)
+        ax.annotate(f"SFT T={t}", xy, xytext=(4, 4), textcoords="offset points", fontsize=8)
+    ax.set(
+        title=f"{label} against KL to SFT: RL, best-of-n and SFT's temperatures",
+        xlabel="KL to the SFT policy (nats per answer, exact)",
+        ylabel=label,
+    )
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
 def win_rates(path: Path, rates: Mapping[str, WinRate], judge: str) -> None:
     """Each pair's win rate by `judge` with its 95% interval; 0.5 is no preference."""
     names = list(rates)

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.eval import plots
+from rlhf.eval.baselines import against_baselines
 from rlhf.eval.win_rates import WinRate
-from rlhf.reward_sources import JUDGES, parse
+from rlhf.reward_sources import JUDGES, REWARD_MODEL, parse
 
 Rows = Sequence[Mapping[str, Any]]
 REPORT_FILE = "eval.md"
@@ -24,8 +25,11 @@ GOLD_DROP = 0.02  # gold score below its peak along training, or below SFT on on
 ROW_LABELS = {
     "gold_sampled": "gold score, sampled",
     "gold_greedy": "gold score, greedy",
+    "gold_best_temperature": "gold score, at its best temperature",
+    "best_temperature": "best temperature (validation)",
     "rm_sampled": "RM score, sampled",
     "kl_to_sft": "KL to SFT (nats/answer)",
+    "kl_to_sft_sampled": "KL to SFT, sampled estimate",
     "response_length": "answer length (tokens)",
     "end_token_rate": "answers that end",
 }
@@ -90,6 +94,40 @@ def win_rates_table(metrics: Mapping[str, Any], judge: str) -> list[str]:
     ]
     header = ["pair", "win rate (ties half)", "95% interval", "decisive win rate", "95% interval"]
     return _table([*header, "ties", "greedy win rate"], rows)
+
+
+def baselines_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Each policy against its strongest baseline by the primary judge (the one it beats
+    least), with its interval, then every baseline's win rate, as Markdown lines."""
+    judge = metrics["primary_judge"]
+    rows = []
+    for policy, baselines in against_baselines(metrics, judge).items():
+        strongest = baselines[0]
+        rows.append(
+            [
+                policy,
+                strongest["baseline"],
+                strongest["rate"],
+                _interval(strongest["ci95"], metrics["prompts"]),
+                "; ".join(f"{b['baseline']}: {b['rate']:.3f}" for b in baselines[1:]),
+            ]
+        )
+    header = ["policy", "strongest baseline", "win rate", "95% interval", "the others"]
+    return _table(header, rows)
+
+
+def best_of_n_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Best-of-n at each n: its KL to SFT (measured, and the closed-form bound), scores and
+    win rate over SFT by each judge, a judge that is the picking reward model marked."""
+    judges = list(next(iter(metrics["best_of_n"].values()))["win_rate"])
+    shown = [f"{j} (circular)" if j == REWARD_MODEL else j for j in judges]
+    rows = [
+        [n, m["kl_to_sft"], m["kl_bound"], m.get("gold_sampled"), m["rm_sampled"],
+         *(m["win_rate"][j] for j in judges)]
+        for n, m in metrics["best_of_n"].items()
+    ]  # fmt: skip
+    header = ["n", "KL to SFT", "bound log n - (n-1)/n", "gold score", "RM score"]
+    return _table([*header, *(f"win rate over SFT, {j}" for j in shown)], rows)
 
 
 def warning_signs(
@@ -173,9 +211,29 @@ def render(
             else "These prompts have no gold judge (imported data): RM scores and KL only."
         ),
         "",
-        "## Policies",
-        "",
     ]
+    if "primary_judge" in metrics:
+        judge = metrics["primary_judge"]
+        circular = (
+            " Best-of-n picks by the reward model, so a win rate over it judged by that same "
+            "reward model is circular: read it as the proxy it is."
+            if judge == REWARD_MODEL
+            else ""
+        )
+        lines += [
+            "## Against the baselines",
+            "",
+            f"Each policy against the cheap alternatives, judged by `{judge}`: SFT at its best "
+            "temperature (each policy at its own; both chosen on the validation prompts), SFT's "
+            "greedy answers against the policy's, and best-of-n of SFT picked by the reward "
+            "model at the KL nearest the policy's. The strongest baseline is the one the policy "
+            f"beats least; ties count half; intervals are 95% bootstrap over prompts.{circular}",
+            "",
+            *baselines_table(metrics),
+        ]
+        if metrics.get("best_of_n"):
+            lines += ["**Best-of-n of SFT** (held-out prompts):", "", *best_of_n_table(metrics)]
+    lines += ["## Policies", ""]
     lines += policies_table(metrics)
     if metrics.get("win_rate"):
         lines += [
@@ -268,6 +326,16 @@ def write(
             caption,
             "gold_by_task",
             lambda path: plots.scores_by_task(path, by_policy, caption, "mean gold score (0-1)"),
+        )
+    if "temperature_sweep" in metrics:
+        label = "gold score" if metrics["primary_judge"] == "gold" else "RM score"
+        figure(
+            f"{label.capitalize()} against KL to SFT: RL policies along training, best-of-n "
+            "and SFT at each temperature",
+            "score_against_kl",
+            lambda path: plots.score_against_kl(
+                path, curves, metrics["best_of_n"], metrics["temperature_sweep"]["sft"], label
+            ),
         )
     if any(len(curve) > 1 for curve in curves.values()):
         figure(

@@ -16,9 +16,21 @@ from dataclasses import dataclass
 from rlhf.eval.summary import flattened
 
 # metrics file -> the keys a comparison shows (dotted, as `dvc metrics show` names them, each
-# a glob): the stages' headline keys, which every recorded run has in git
+# a glob): the stages' headline keys, which every recorded run has in git; each policy against
+# SFT sampled, each at its best temperature, greedy against greedy and against best-of-n of
+# SFT at the nearest KL (a run from before the baselines lacks those: compared without them)
 COMPARED = {
-    "eval": ("win_rate.gold.*_vs_sft", "gold_sampled.*", "kl_to_sft.*"),
+    "eval": (
+        "win_rate.gold.*_vs_sft",
+        "win_rate_best_temperature.gold.*_vs_sft",
+        "win_rate_greedy.gold.*_vs_sft",
+        "win_rate_vs_best_of_n.gold.*",
+        "gold_sampled.*",
+        "gold_greedy.*",
+        "gold_best_temperature.*",
+        "best_temperature.*",
+        "kl_to_sft.*",
+    ),
     "rm": ("acc_gold",),
 }
 NOISE_STDS = 2.0  # a value this many seed standard deviations from the mean is "within noise"

@@ -22,13 +22,16 @@ MEASURES = {
     "gold_sampled": ("sampled", "gold"),
     "gold_greedy": ("greedy", "gold"),
     "rm_sampled": ("sampled", "reward"),
+    "gold_best_temperature": ("best_temperature", "gold"),
     "kl_to_sft": ("sampled", "kl"),
+    "kl_to_sft_sampled": ("sampled", "kl_sampled"),
     "response_length": ("sampled", "length"),
     "end_token_rate": ("sampled", "end_token_rate"),
 }
 HEADLINE = (
-    "gold_sampled", "gold_greedy", "rm_sampled", "kl_to_sft", "response_length",
-    "end_token_rate", "win_rate", "win_rate_decisive", "tie_rate", "win_rate_greedy",
+    "gold_sampled", "gold_greedy", "gold_best_temperature", "rm_sampled", "kl_to_sft",
+    "response_length", "end_token_rate", "win_rate", "win_rate_decisive", "tie_rate",
+    "win_rate_greedy", "best_temperature", "win_rate_best_temperature", "win_rate_vs_best_of_n",
 )  # fmt: skip
 
 
@@ -81,11 +84,16 @@ def summarize(
     rates: Mapping[str, Mapping[str, WinRate]],
     greedy_rates: Mapping[str, Mapping[str, WinRate]],
 ) -> dict[str, Any]:
-    """The metrics dict. `answers`: {"sampled" | "greedy": {policy: its answers}}; `rates`
-    and `greedy_rates`: {judge: {pair: its win rate}}."""
+    """The metrics dict. `answers`: {"sampled" | "greedy" | "best_temperature": {policy: its
+    answers}} (a kind left out leaves out its measures); `rates` and `greedy_rates`: {judge:
+    {pair: its win rate}}."""
     policies = list(answers["sampled"])
     has_gold = answers["sampled"]["sft"].gold is not None
-    measures = {k: v for k, v in MEASURES.items() if has_gold or not k.startswith("gold")}
+    measures = {
+        k: (kind, m)
+        for k, (kind, m) in MEASURES.items()
+        if kind in answers and (has_gold or not k.startswith("gold"))
+    }
     means = {kind: {n: a.means() for n, a in by_name.items()} for kind, by_name in answers.items()}
     by_task = {
         kind: {n: a.by_task() for n, a in by_name.items()} for kind, by_name in answers.items()
@@ -109,10 +117,14 @@ def summarize(
             }
             for key, value in RATE_FIELDS.items()
         }
-        metrics["win_rate_greedy"] = {
-            judge: {pair: round(r.rate, 4) for pair, r in by_pair.items()}
-            for judge, by_pair in greedy_rates.items()
-        }
+        for key, value in (
+            ("win_rate_greedy", "win_rate"),
+            ("win_rate_greedy_ci95", "win_rate_ci95"),
+        ):
+            metrics[key] = {
+                judge: {pair: RATE_FIELDS[value](r) for pair, r in by_pair.items()}
+                for judge, by_pair in greedy_rates.items()
+            }
     return metrics
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -43,3 +44,41 @@ def response_values(critic: Backbone, ids: Tensor, attention_mask: Tensor, start
     """Critic values [B, N] of the state before each token from column `start` on."""
     hidden = packed_hidden_states(critic, ids, attention_mask.bool())  # [B, T, C]
     return critic.values(hidden[:, start - 1 : -1]).float()
+
+
+KL_CHUNK_FLOATS = 1 << 24  # vocabulary-wide floats per model held at once (64 MB)
+
+
+@dataclass
+class ResponseKL:
+    exact: Tensor  # [B, N] KL of the two next-token distributions at each response token
+    reference_logprobs: Tensor  # [B, N] the reference's log-prob of each token
+
+
+def response_kl(
+    policy: Backbone,
+    reference: Backbone,
+    ids: Tensor,
+    attention_mask: Tensor,
+    start: int,
+    temperature: float = 1.0,
+) -> ResponseKL:
+    """At each of the N = T - start tokens ids[:, start:] of ids [B, T]: the full-vocabulary
+    KL(policy at `temperature` || reference as it is) of the distributions that chose the
+    token, never negative, whose sum over an answer is the answer's KL in expectation with far
+    less noise than the sampled log-ratio; and the reference's log-prob of the token, for that
+    sampled estimate. The LM heads run a few positions at a time, so a large vocabulary never
+    needs [B, N, V] floats at once."""
+    real = attention_mask.bool()
+    hidden = packed_hidden_states(policy, ids, real)[:, start - 1 : -1]  # [B, N, C]
+    hidden_ref = packed_hidden_states(reference, ids, real)[:, start - 1 : -1]
+    tokens = ids[:, start:]  # [B, N]
+    batch, width = tokens.shape
+    step = max(1, KL_CHUNK_FLOATS // max(1, batch * policy.config.vocab_size))
+    exact, chosen = [], []
+    for i in range(0, width, step):
+        mine = F.log_softmax(policy.lm_logits(hidden[:, i : i + step]).float() / temperature, -1)
+        ref = F.log_softmax(reference.lm_logits(hidden_ref[:, i : i + step]).float(), -1)
+        exact.append((mine.exp() * (mine - ref)).sum(-1).clamp_min(0.0))  # [B, step]
+        chosen.append(ref.gather(-1, tokens[:, i : i + step, None]).squeeze(-1))
+    return ResponseKL(exact=torch.cat(exact, 1), reference_logprobs=torch.cat(chosen, 1))

@@ -5,7 +5,12 @@ greedily and by sampling; every answer gets its gold score, reward-model score, 
 length and whether it ended. All policies sample with the same seed, so their i-th answers
 share random numbers and the paired win rates compare policies rather than luck. Each RL
 policy's snapshots along training give its over-optimization curve: proxy and gold score
-against KL to SFT.
+against KL to SFT (exact, over the vocabulary).
+
+Beside SFT sampled as it is, each policy meets the baselines a skeptic would try first
+(`rlhf.eval.baselines`): SFT at its best temperature (each policy at its own, both chosen on
+the validation prompts), SFT's greedy answers (against the policy's), and best-of-n of SFT
+picked by the reward model at the nearest KL.
 
 Writes metrics/eval.json (stable keys for `dvc metrics diff`), the curves as CSV for `dvc
 plots`, and reports/ (eval.md and its figures) in one atomic step. `run()` returns the
@@ -15,13 +20,16 @@ headline numbers as a flat dict for the Prefect flow to publish.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rlhf.algorithms.scorers import PairJudge, Scorer, ScoringContext, build
 from rlhf.atomic import write_csv
-from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
+from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval import report
+from rlhf.eval.baselines import baseline_metrics, best_temperature, primary_judge
+from rlhf.eval.best_of_n import best_of_n
 from rlhf.eval.gold import has_judge
 from rlhf.eval.policies import ScoredAnswers, score_policy
 from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
@@ -40,6 +48,10 @@ from rlhf.stages.support.specs import Plot, StageSpec
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
 
+if TYPE_CHECKING:
+    from rlhf.models.backbone import Backbone
+    from rlhf.params import EvaluateParams
+
 TRAINING_CURVES = {"SFT": "sft", "Reward model": "rm", "DPO": "dpo"}  # report title -> stage
 SPEC = StageSpec(
     "evaluate",
@@ -49,33 +61,66 @@ SPEC = StageSpec(
     # one folder per RL algorithm, however many rl_algorithms names
     inputs=(
         paths.PROMPTS_HELDOUT,
+        paths.SFT_VAL,  # its prompts choose each policy's best temperature
         paths.ARTIFACTS,
         *(paths.curves_folder(s) for s in TRAINING_CURVES.values()),
     ),
     outs=(paths.REPORTS,),
     metrics=(paths.EVAL_METRICS,),
     # each policy's win rate over SFT by the gold judge (the reward model's off the task suite),
-    # gold score and KL to SFT: three columns of `dvc exp show` for one changed RL param
-    headline=("win_rate.gold|rm.*_vs_sft", "gold_sampled", "kl_to_sft"),
+    # sampled at evaluate.temperature, each at its best temperature, greedy against greedy, and
+    # against the best-of-n nearest its KL; gold score and KL to SFT
+    headline=(
+        "win_rate.gold|rm.*_vs_sft",
+        "win_rate_best_temperature.gold|rm.*_vs_sft",
+        "win_rate_greedy.gold|rm.*_vs_sft",
+        "win_rate_vs_best_of_n.gold|rm.*",
+        "gold_sampled",
+        "gold_greedy",
+        "gold_best_temperature",
+        "kl_to_sft",
+        "best_temperature",
+    ),
     details=paths.details_file("eval"),
     plots=(Plot(paths.EVAL_CURVE, "kl_to_sft", "gold_score"),),
 )
 
 
+def sampling(cfg: EvaluateParams, temperature: float) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=temperature)
+
+
+@dataclass
+class Evaluation:
+    """What evaluate_all measured: `answers` by kind ("sampled" at evaluate.temperature,
+    "greedy", "best_temperature": each policy at its best), each RL policy's over-optimization
+    curve, and the temperature sweep on the validation prompts."""
+
+    answers: dict[str, dict[str, ScoredAnswers]]
+    curves: dict[str, list[dict[str, Any]]]
+    sweep: dict[str, dict[float, ScoredAnswers]]
+
+
 def evaluate_all(
-    stage: StageRun, evaluate: Callable[..., ScoredAnswers], names: list[str]
-) -> tuple[dict[str, dict[str, ScoredAnswers]], dict[str, list[dict[str, Any]]]]:
-    """Every policy's sampled and greedy answers, and each RL policy's over-optimization
-    curve: SFT, then its snapshots along training (`curve_samples` answers per prompt), then
-    the policy itself."""
+    stage: StageRun,
+    heldout: Callable[..., ScoredAnswers],
+    validation: Callable[..., ScoredAnswers],
+    names: list[str],
+    judge: str,
+) -> Evaluation:
+    """Every policy's sampled and greedy answers to the held-out prompts, its temperature
+    sweep on the validation prompts and its held-out answers at the best of those by `judge`;
+    then each RL policy's over-optimization curve: SFT, its snapshots along training
+    (`curve_samples` answers per prompt), the policy itself."""
     cfg, algorithms = stage.params.evaluate, stage.params.rl_algorithms
-    sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+
     greedy = SamplingConfig(max_new_tokens=cfg.max_new_tokens, greedy=True)
     snapshots = {a: sorted(paths.snapshots_dir(a).glob("step_*.pt")) for a in algorithms}
-    answers: dict[str, dict[str, ScoredAnswers]] = {"sampled": {}, "greedy": {}}
-    sampled, curves, trained_steps = answers["sampled"], {}, {}
+    found = Evaluation({"sampled": {}, "greedy": {}, "best_temperature": {}}, {}, {})
+    sampled, trained_steps = found.answers["sampled"], {}
     with progress() as bar:
-        total = 2 * len(names) + sum(len(s) for s in snapshots.values())
+        per_policy = 3 + len(cfg.temperatures)
+        total = per_policy * len(names) + sum(len(s) for s in snapshots.values())
         task = bar.add_task("evaluate", total=total, extra="")
         for name in names:
             bar.update(task, extra=name)
@@ -83,20 +128,67 @@ def evaluate_all(
             model, payload = checkpoint.load_model(file, stage.tokenizer, stage.device)
             model = freeze(model, stage.frozen_bf16)
             trained_steps[name] = payload.get("step")
-            sampled[name] = evaluate(model, n=cfg.samples, config=sampling)
-            answers["greedy"][name] = evaluate(model, n=1, config=greedy)
-            bar.advance(task, 2)
+            sampled[name] = heldout(model, n=cfg.samples, config=sampling(cfg, cfg.temperature))
+            found.answers["greedy"][name] = heldout(model, n=1, config=greedy)
+            found.sweep[name], found.answers["best_temperature"][name] = at_best_temperature(
+                model, cfg, judge, heldout, validation, sampled[name]
+            )
+            bar.advance(task, per_policy)
         for algorithm, files in snapshots.items():
             curve = [curve_point(0, sampled["sft"])]
             for file in files:
                 bar.update(task, extra=f"{algorithm} {file.stem}")
                 model, payload = checkpoint.load_model(file, stage.tokenizer, stage.device)
                 model = freeze(model, stage.frozen_bf16)
-                along = evaluate(model, n=cfg.curve_samples, config=sampling)
+                along = heldout(model, n=cfg.curve_samples, config=sampling(cfg, cfg.temperature))
                 curve.append(curve_point(payload["step"], along))
                 bar.advance(task)
-            curves[algorithm] = [*curve, curve_point(trained_steps[algorithm], sampled[algorithm])]
-    return answers, curves
+            found.curves[algorithm] = [
+                *curve,
+                curve_point(trained_steps[algorithm], sampled[algorithm]),
+            ]
+    return found
+
+
+def at_best_temperature(
+    model: Backbone,
+    cfg: EvaluateParams,
+    judge: str,
+    heldout: Callable[..., ScoredAnswers],
+    validation: Callable[..., ScoredAnswers],
+    sampled: ScoredAnswers,
+) -> tuple[dict[float, ScoredAnswers], ScoredAnswers]:
+    """The policy's answers to the validation prompts at each temperature of the sweep, and
+    its held-out answers at the one `judge` scores best there (`sampled`, the answers at
+    evaluate.temperature, where that is the best): chosen on validation prompts alone, so the
+    held-out win rates at the best temperature are not fitted to the held-out prompts."""
+    sweep = {
+        t: validation(model, n=cfg.sweep_samples, config=sampling(cfg, t)) for t in cfg.temperatures
+    }
+    best = best_temperature(sweep, judge)
+    if best == cfg.temperature:
+        return sweep, sampled
+    return sweep, heldout(model, n=cfg.samples, config=sampling(cfg, best))
+
+
+def best_of_n_baselines(
+    stage: StageRun, sft: Backbone, heldout: Callable[..., ScoredAnswers]
+) -> dict[int, ScoredAnswers]:
+    """Per n of evaluate.bon_n, `samples` best-of-n answers per held-out prompt, from one pool
+    of SFT's answers sampled as it is (temperature 1)."""
+    cfg = stage.params.evaluate
+    if not cfg.bon_n:
+        return {}
+    pool = heldout(sft, n=cfg.bon_pool, config=sampling(cfg, 1.0))
+    return {n: best_of_n(pool, n, cfg.samples, stage.params.seed) for n in cfg.bon_n}
+
+
+def unique_prompts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each prompt's first row: the validation demonstrations repeat prompts."""
+    first: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        first.setdefault(row["prompt"], row)
+    return list(first.values())
 
 
 def usable_judges(stage: StageRun, synthetic: bool) -> list[str]:
@@ -134,6 +226,31 @@ def other_judges(
     return single, pairwise
 
 
+def scorers(
+    stage: StageRun,
+    sft: Backbone,
+    heldout: Sequence[dict[str, Any]],
+    reward_model: Scorer,
+    single: dict[str, Scorer],
+) -> tuple[Callable[..., ScoredAnswers], Callable[..., ScoredAnswers]]:
+    """`score_policy` on the held-out prompts, and on the validation prompts (the SFT
+    validation demonstrations', each once), every answer measured the same way: KL to SFT,
+    reward, the gold judge on the task suite's prompts (prepare splits one source into both
+    sets) and the other single-answer judges."""
+    validation = unique_prompts(read_rows(paths.SFT_VAL, SFT_SCHEMA))
+    judge = gold_score if has_judge(heldout) else None
+    score = functools.partial(
+        score_policy, tokenizer=stage.tokenizer, reference=sft, scorer=reward_model, judge=judge,
+        seed=stage.params.seed, batch_size=stage.params.evaluate.batch_size, other_judges=single,
+    )  # fmt: skip
+    return tuple(
+        functools.partial(
+            score, prompts=[r["prompt"] for r in rows], tasks=[r["task"] for r in rows]
+        )
+        for rows in (heldout, validation)
+    )
+
+
 def run() -> dict[str, float]:
     stage = StageRun.start(SPEC)
     p, cfg = stage.params, stage.params.evaluate
@@ -149,18 +266,15 @@ def run() -> dict[str, float]:
     sft = stage.load_frozen(paths.SFT_MODEL)
     context = scoring_context(stage)
     single, pairwise = other_judges(judges, context)
-    evaluate = functools.partial(
-        score_policy, tokenizer=stage.tokenizer, prompts=prompts, tasks=tasks, reference=sft,
-        scorer=context.reward_model(), judge=gold_score if synthetic else None, seed=p.seed,
-        batch_size=cfg.batch_size, other_judges=single,
-    )  # fmt: skip
-    answers, curves = evaluate_all(stage, evaluate, ["sft", *p.rl_algorithms, "dpo"])
+    heldout_answers, validation_answers = scorers(
+        stage, sft, heldout, context.reward_model(), single
+    )
+    names = ["sft", *p.rl_algorithms, "dpo"]
+    found = evaluate_all(stage, heldout_answers, validation_answers, names, primary_judge(judges))
+    answers = found.answers
+    bon = best_of_n_baselines(stage, sft, heldout_answers)
     judged = functools.partial(
-        win_rates,
-        judges=judges,
-        pairwise=pairwise,
-        resamples=cfg.bootstrap_resamples,
-        seed=p.seed,
+        win_rates, judges=judges, pairwise=pairwise, resamples=cfg.bootstrap_resamples, seed=p.seed
     )
     rates, greedy_rates = judged(answers["sampled"]), judged(answers["greedy"])
     metrics = {
@@ -168,6 +282,7 @@ def run() -> dict[str, float]:
         "samples_per_prompt": cfg.samples,
         "temperature": cfg.temperature,
         **summarize(answers, rates, greedy_rates),
+        **baseline_metrics(answers, found.sweep, bon, primary_judge(judges), judged),
     }
     losses = {
         title: (read_curve(folder, "train_loss"), read_curve(folder, "epoch/val_loss"))
@@ -175,10 +290,10 @@ def run() -> dict[str, float]:
     }
     with published(SPEC) as out:
         report.write(
-            out[paths.REPORTS], metrics, rates=rates, curves=curves, losses=losses,
+            out[paths.REPORTS], metrics, rates=rates, curves=found.curves, losses=losses,
             examples=side_by_side(prompts, tasks, answers, cfg.examples_per_task),
         )  # fmt: skip
-        rows = [{"policy": a, **point} for a, curve in curves.items() for point in curve]
+        rows = [{"policy": a, **point} for a, curve in found.curves.items() for point in curve]
         write_csv(out[paths.EVAL_CURVE], rows)
         write_metrics(out, SPEC, metrics)
     numbers = headline(metrics)

@@ -1,4 +1,5 @@
 import csv
+import json
 import re
 import shutil
 import subprocess
@@ -23,6 +24,10 @@ def eval_metrics(project):
     return read_metrics("eval", project)
 
 
+def read_metrics_file(project, name):
+    return json.loads((project / name).read_text())
+
+
 POLICIES = {"sft", "ppo", "grpo", "dpo"}  # the tiny config's rl_algorithms: ppo, grpo
 PAIRS = {"ppo_vs_sft", "grpo_vs_sft", "grpo_vs_ppo", "dpo_vs_sft", "dpo_vs_ppo", "dpo_vs_grpo"}
 JUDGES = {"gold", "rm"}
@@ -41,9 +46,52 @@ def test_metrics_have_the_stable_headline_keys(trained_project):
         assert ci["low"] <= metrics["win_rate"][judge]["ppo_vs_sft"] <= ci["high"]
         assert 0.0 <= metrics["win_rate_greedy"][judge]["ppo_vs_sft"] <= 1.0
     assert metrics["kl_to_sft"]["sft"] == 0.0 and metrics["kl_to_sft"]["ppo"] > 0.0
+    # exact over the vocabulary: never below 0, however little a policy moved
+    assert min(metrics["kl_to_sft"].values()) >= 0.0 and "ppo" in metrics["kl_to_sft_sampled"]
     heldout = read_rows(trained_project / "data/prepared/prompts_heldout.parquet", PROMPT_SCHEMA)
     assert metrics["prompts"] == len(heldout)
     assert set(metrics["by_task"]["ppo"]) == {r["task"] for r in heldout}
+
+
+def test_every_policy_meets_the_baselines(trained_project):
+    """The tiny config sweeps temperatures 0.7 and 1 on the validation prompts and draws
+    best-of-2 and best-of-4 from 4 SFT answers per prompt: each policy's best temperature is
+    the one its validation gold score was highest at, its win rates at that temperature,
+    greedy against greedy and against the best-of-n nearest its KL are headline numbers with
+    intervals, and best-of-n's KL lies under its closed-form bound."""
+    headline = read_metrics_file(trained_project, "metrics/eval.json")
+    metrics = eval_metrics(trained_project)
+    assert metrics["primary_judge"] == "gold"
+    for key in ("win_rate_best_temperature", "win_rate_greedy"):
+        assert set(headline[key]) == {"gold"}
+        assert set(headline[key]["gold"]) == {f"{p}_vs_sft" for p in POLICIES - {"sft"}}
+        for judge in JUDGES:
+            for pair, rate in metrics[key][judge].items():
+                ci = metrics[f"{key}_ci95"][judge][pair]
+                assert ci["low"] <= rate <= ci["high"], (key, judge, pair)
+    assert set(headline["win_rate_vs_best_of_n"]["gold"]) == POLICIES - {"sft"}
+    for policy in POLICIES:
+        sweep = metrics["temperature_sweep"][policy]
+        assert set(sweep) == {"0.7", "1.0"}
+        best = max(sweep, key=lambda t: sweep[t]["score"])
+        assert headline["best_temperature"][policy] == float(best)
+        assert min(point["kl_to_sft"] for point in sweep.values()) >= 0.0
+    assert metrics["temperature_sweep"]["sft"]["1.0"]["kl_to_sft"] == 0.0
+    assert metrics["temperature_sweep"]["sft"]["0.7"]["kl_to_sft"] > 0.0
+    best_of_n = metrics["best_of_n"]
+    assert set(best_of_n) == {"2", "4"}
+    for n, measured in best_of_n.items():
+        assert 0.0 <= measured["kl_to_sft"] <= measured["kl_bound"] + 1e-4, n
+        assert set(measured["win_rate"]) == JUDGES
+    for policy, n in metrics["best_of_n_matched"].items():
+        kl = metrics["kl_to_sft"][policy]
+        nearest = min(best_of_n, key=lambda m: abs(best_of_n[m]["kl_to_sft"] - kl))
+        assert best_of_n[str(n)]["kl_to_sft"] == best_of_n[nearest]["kl_to_sft"]
+    report = (trained_project / "reports" / "eval.md").read_text()
+    assert report.index("## Against the baselines") < report.index("## Policies")
+    assert (trained_project / "reports" / "figures" / "score_against_kl.png").read_bytes()[
+        :8
+    ] == PNG
 
 
 def test_evaluation_agrees_with_the_ppo_stage_on_the_same_samples(trained_project):
@@ -106,7 +154,7 @@ def test_report_shows_tables_figures_and_answers(trained_project):
     for prompt in first_of_task.values():  # examples_per_task: 1
         assert f"`{prompt}`" in text
     images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
-    assert len(images) == 5  # the win rates by each judge, gold scores, curves, losses
+    assert len(images) == 6  # win rates by each judge, gold scores, baselines, curves, losses
     for image in images:
         assert (reports / image).read_bytes()[:8] == PNG
 

@@ -1,9 +1,11 @@
 """The README stays a short guide and the docs stay true to the code: the generated references
-match the Typer app and the params schema, the results tables the committed metrics, and no
-relative link points at nothing. (MkDocs's
+match the Typer app and the params schema, the results tables, targets and claims the committed
+metrics, and no relative link points at nothing. (MkDocs's
 own `--strict` build, anchors included, runs in the README's test command, not here.)"""
 
+import importlib.util
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +54,177 @@ def test_relative_links_point_at_files(page):
         if not (page.parent / target.split("#")[0]).exists()
     ]
     assert missing == [], f"{page.relative_to(REPO)} links to files that do not exist"
+
+
+def load_results_script():
+    """docs/results.py as a module (registered first: its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location("docs_results", REPO / "docs" / "results.py")
+    script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+results = load_results_script()
+
+
+def compared_runs(runs: dict[str, dict[str, float]]) -> dict:
+    """`rlhf compare --json` of these runs (seed -> numbers): each number every seed has."""
+    shared = set.intersection(*(set(numbers) for numbers in runs.values()))
+    spread = {}
+    for key in sorted(shared):
+        values = [numbers[key] for numbers in runs.values()]
+        spread[key] = {
+            "mean": statistics.fmean(values), "std": statistics.stdev(values),
+            "low": min(values), "high": max(values), "seeds": len(values),
+        }  # fmt: skip
+    return {"seeds": runs, "spread": spread}
+
+
+def seed_numbers(ppo_best: float, dpo_best: float, greedy: float, acc: float) -> dict:
+    """One seed of the new evaluation: GRPO's baselines left unmeasured."""
+    return {
+        "eval:win_rate.gold.ppo_vs_sft": 0.58, "eval:win_rate.gold.dpo_vs_sft": 0.57,
+        "eval:win_rate.gold.grpo_vs_sft": 0.55,
+        "eval:win_rate_best_temperature.gold.ppo_vs_sft": ppo_best,
+        "eval:win_rate_best_temperature.gold.dpo_vs_sft": dpo_best,
+        "eval:win_rate_greedy.gold.ppo_vs_sft": greedy,
+        "eval:win_rate_greedy.gold.dpo_vs_sft": greedy - 0.1,
+        "eval:win_rate_vs_best_of_n.gold.ppo": 0.52, "eval:win_rate_vs_best_of_n.gold.dpo": 0.45,
+        "eval:gold_sampled.sft": 0.6, "eval:gold_sampled.ppo": 0.7,
+        "eval:gold_greedy.sft": 0.8, "eval:gold_greedy.ppo": 0.82,
+        "eval:best_temperature.sft": 0.7, "eval:best_temperature.ppo": 1.0,
+        "eval:kl_to_sft.sft": 0.0, "eval:kl_to_sft.ppo": 0.8 + 10 * (acc - 0.9),
+        "eval:kl_to_sft.dpo": 0.4,
+        "eval:kl_to_sft.grpo": 0.9, "rm:acc_gold": acc,
+    }  # fmt: skip
+
+
+NEW_SEEDS = compared_runs(
+    {
+        "1": seed_numbers(0.61, 0.62, 0.56, 0.92),
+        "2": seed_numbers(0.63, 0.48, 0.58, 0.90),
+        "1234": seed_numbers(0.62, 0.64, 0.57, 0.91),
+    }
+)
+OLD_KEYS = ("eval:win_rate.", "eval:gold_sampled.", "eval:kl_to_sft.", "rm:")
+OLD_SEEDS = compared_runs(  # what `rlhf compare` compared before the baselines were measured
+    {
+        seed: {k: v for k, v in seed_numbers(0.6, 0.6, 0.6, acc).items() if k.startswith(OLD_KEYS)}
+        for seed, acc in (("1", 0.85), ("2", 0.88))
+    }
+)
+
+
+def interval(low: float, high: float) -> dict[str, float]:
+    return {"low": low, "high": high}
+
+
+EVALUATION = {  # the committed run of the new evaluation, seed 1234
+    "prompts": 200,
+    "kl_to_sft": {"dpo": 0.4, "grpo": 0.9, "ppo": 0.8, "sft": 0.0},
+    "win_rate": {
+        "gold": {"dpo_vs_sft": 0.57, "grpo_vs_sft": 0.55, "ppo_vs_sft": 0.58},
+        "rm": {"dpo_vs_sft": 0.6, "grpo_vs_sft": 0.65, "ppo_vs_sft": 0.62},
+    },
+    "win_rate_ci95": {"gold": {"dpo_vs_sft": interval(0.55, 0.59),
+                               "grpo_vs_sft": interval(0.53, 0.57),
+                               "ppo_vs_sft": interval(0.56, 0.6)}},
+    "win_rate_best_temperature": {"gold": {"dpo_vs_sft": 0.64, "ppo_vs_sft": 0.62}},
+    "win_rate_best_temperature_ci95": {"gold": {"dpo_vs_sft": interval(0.6, 0.68),
+                                                "ppo_vs_sft": interval(0.49, 0.7)}},
+    "win_rate_greedy": {"gold": {"dpo_vs_sft": 0.47, "grpo_vs_sft": 0.5, "ppo_vs_sft": 0.57}},
+    "gold_sampled": {"dpo": 0.7, "grpo": 0.68, "ppo": 0.71, "sft": 0.62},
+    "by_task": {
+        "sft": {"add": {"gold_sampled": 0.47}, "greet": {"gold_sampled": 0.58}},
+        "dpo": {"add": {"gold_sampled": 0.4}, "greet": {"gold_sampled": 0.7}},
+        "grpo": {"add": {"gold_sampled": 0.48}, "greet": {"gold_sampled": 0.6}},
+        "ppo": {"add": {"gold_sampled": 0.46}, "greet": {"gold_sampled": 0.7}},
+    },
+}  # fmt: skip
+EVALUATION |= {  # what the committed tables need besides
+    "win_rate_decisive": EVALUATION["win_rate"],
+    "win_rate_decisive_ci95": EVALUATION["win_rate_ci95"],
+    "tie_rate": {"gold": {pair: 0.5 for pair in EVALUATION["win_rate"]["gold"]}},
+}
+
+
+def row(lines: list[str], starts: str) -> list[str]:
+    """The cells of the Markdown table row whose first cell starts with `starts`."""
+    (line,) = [line for line in lines if line.startswith(f"| {starts}")]
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_targets_are_met_by_the_mean_over_the_seeds_or_not_measured():
+    lines = results.targets_markdown(NEW_SEEDS)
+    assert row(lines, "PPO at its best temperature")[1:] == ["0.620", "0.610 – 0.630", "yes"]
+    assert row(lines, "DPO at its best temperature")[1:] == ["0.580", "0.480 – 0.640", "no"]
+    assert row(lines, "PPO greedy")[1:] == ["0.570", "0.560 – 0.580", "yes"]
+    assert row(lines, "DPO greedy")[-1] == "no"
+    assert row(lines, "PPO's gold score")[-1] == "yes" and row(lines, "DPO's gold")[-1] == "no"
+    for target in ("GRPO at its best", "GRPO greedy", "GRPO's gold score"):
+        assert row(lines, target)[1:] == ["not measured", "–", "–"]
+    assert row(lines, "The reward model")[1:] == ["0.910", "0.900 – 0.920", "yes"]
+    assert row(results.targets_markdown(OLD_SEEDS), "The reward model")[-1] == "no"
+
+
+def test_claims_say_who_wins_at_every_seed_and_with_the_whole_committed_interval():
+    policies = ["dpo", "grpo", "ppo"]
+    assert results.seeds_claim(results.BEST_TEMPERATURE, NEW_SEEDS, policies) == (
+        "At seeds 1, 2, 1234, above 0.5 at each: PPO (0.610, 0.630, 0.620); not: DPO (0.620, "
+        "0.480, 0.640). Highest mean over the seeds: PPO (0.620)."
+    )
+    assert results.interval_claim(results.BEST_TEMPERATURE, EVALUATION, 1234, policies) == (
+        "Wins with the whole 95% interval above 0.5 in the committed run (seed 1234): DPO 0.640 "
+        "(0.600 – 0.680); not: PPO 0.620 (0.490 – 0.700)."
+    )
+    assert results.interval_claim(results.GREEDY, EVALUATION, 1234, policies) == (
+        "In the committed run (seed 1234), no interval: DPO 0.470, GRPO 0.500, PPO 0.570."
+    )
+    claims = "\n".join(results.claims_markdown(NEW_SEEDS, EVALUATION, 1234))
+    sampled = "- **Sampled, against SFT sampled.** At seeds 1, 2, 1234, above 0.5 at each: DPO"
+    assert f"{sampled} (0.570, 0.570, 0.570), GRPO (0.550, 0.550, 0.550), PPO" in claims
+    assert "(seed 1234): DPO 0.570 (0.550 – 0.590), GRPO 0.550 (0.530 – 0.570), PPO" in claims
+    assert "puts every policy further above SFT than the gold judge does" in claims
+    best_of_n = "Against best-of-n of SFT at the nearest KL.** At seeds 1, 2, 1234, above 0.5"
+    assert f"{best_of_n} at each: PPO (0.520, 0.520, 0.520); not: DPO (0.450, 0.450" in claims
+    assert "**KL to SFT** varies most between seeds for PPO: 0.800 to 1.000 nats" in claims
+    same_kl = {"seeds": {}, "spread": {"eval:kl_to_sft.ppo": {"std": 0.0}}}
+    assert "KL to SFT" not in "".join(results.claims_markdown(same_kl, EVALUATION, 1234))
+
+
+def test_old_seeds_and_metrics_without_the_new_numbers_still_generate():
+    """docs/seeds.json and metrics/ from before the baselines were measured: the new rows are
+    left out or not measured, nothing is guessed."""
+    old = {k: v for k, v in EVALUATION.items() if not k.startswith("win_rate_best")}
+    block = results.results_markdown(old, {"acc_gold": 0.85}, 1234, OLD_SEEDS, None)
+    assert "run time is not recorded" in block and "--record-time SECONDS" in block
+    seeds_table = block.split("**Targets**")[0]
+    assert "| win rate over SFT, sampled |" in seeds_table
+    assert "greedy" not in seeds_table and "best temperature" not in seeds_table
+    assert block.count("| not measured |") == len(results.TARGET_POLICIES) * 3
+    assert "Each at its best temperature, against" not in block
+    assert "**Greedy, against SFT greedy.** In the committed run (seed 1234), no interval" in block
+    assert results.results_markdown(old, {"acc_gold": 0.85}, 1234, None, None).count("|") > 0
+
+
+def test_the_run_time_is_stated_from_its_record():
+    said = results.run_time_markdown({"seconds": 650, "cores": 2})[0]
+    assert "`dvc repro` took 10 min 50 s on a 2-core CPU, as `time dvc repro` measured" in said
+    assert results.duration(59.6) == "1 min 0 s" and results.duration(42) == "42 s"
+
+
+def test_findings_by_task_and_along_training():
+    columns = ("policy", "step", "kl_to_sft", "rm_score", "gold_score")
+    curve = [  # metrics/eval_overoptimization.csv as csv.DictReader reads it
+        dict(zip(columns, row, strict=True))
+        for row in (("ppo", "0", "0.0", "-0.3", "0.62"), ("ppo", "20", "0.5", "-0.1", "0.7"),
+                    ("ppo", "80", "0.8", "0.0", "0.69"))
+    ]  # fmt: skip
+    reward_model = {"acc_gold": 0.82, "acc_gold_by_task": {"add": 0.6, "greet": 0.85}}
+    block = results.findings_markdown(EVALUATION, reward_model, curve)
+    assert row(block.splitlines(), "add") == ["add", "0.400", "0.480", "0.460", "0.470", "0.600"]
+    assert "PPO gains on greet (0.580 → 0.700); is level on add (0.470 → 0.460)" in block
+    assert "DPO gains on greet (0.580 → 0.700); loses on add (0.470 → 0.400)" in block
+    assert "judges add worst (gold accuracy 0.600, 0.820 over all families)" in block
+    peak = "from SFT's 0.620 to its peak, 0.700, at iteration 20 (KL 0.500) and ends at 0.690."
+    assert f"PPO's gold score goes {peak}" in block

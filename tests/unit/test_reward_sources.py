@@ -92,7 +92,8 @@ def answers(responses: list[str], scores: list[float]) -> ScoredAnswers:
     n = len(responses)
     return ScoredAnswers(
         prompt_index=list(range(n)), prompts=[f"q{i}" for i in range(n)], tasks=["greet"] * n,
-        responses=responses, gold=None, reward=scores, kl=[0.0] * n, length=[1] * n,
+        responses=responses, gold=None, reward=scores, kl=[0.0] * n, kl_sampled=[0.0] * n,
+        length=[1] * n,
         ended=[True] * n,
     )  # fmt: skip
 
