@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from rlhf.data.tokenizer import Tokenizer
 from rlhf.models import checkpoint
+from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.stages.support.metric_files import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,3 +277,13 @@ def train_tiny(directory: Path) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     (project / FIRST_REPRO_LOG).write_text(done.stdout)
     return project
+
+
+def tiny_gpt(tokenizer: Tokenizer, seed: int) -> GPT:
+    """A random one-layer GPT of width 16 over `tokenizer`'s vocabulary, the same for a seed:
+    the smallest model the sampling, KL and RL code run on."""
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        vocab_size=tokenizer.vocab_size, block_size=48, n_layer=1, n_head=2, n_embd=16
+    )
+    return GPT(config)

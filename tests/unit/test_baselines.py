@@ -15,12 +15,13 @@ from rlhf.data.tokenizer import save_tokenizer
 from rlhf.eval.baselines import best_temperature, nearest_n, primary_judge
 from rlhf.eval.best_of_n import best_of_n, kl_bound, pool_kl
 from rlhf.eval.policies import ScoredAnswers, sample_policy, score_policy
-from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.params import EvaluateParams
 from rlhf.sampling.forward import response_kl
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages.evaluate import at_best_temperature
+
+from conftest import tiny_gpt
 
 PROMPTS = ["Greet Zoe.", "What is 2 plus 3?"]
 
@@ -28,14 +29,6 @@ PROMPTS = ["Greet Zoe.", "What is 2 plus 3?"]
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return save_tokenizer(tmp_path_factory.mktemp("tok"), "bytes")
-
-
-def tiny_model(tokenizer, seed: int) -> GPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        vocab_size=tokenizer.vocab_size, block_size=48, n_layer=1, n_head=2, n_embd=16
-    )
-    return GPT(config).eval()
 
 
 def scored(rewards: list[float], per_prompt: int) -> ScoredAnswers:
@@ -53,7 +46,7 @@ def scored(rewards: list[float], per_prompt: int) -> ScoredAnswers:
 def test_the_exact_kl_is_each_positions_kl_of_the_two_distributions(tokenizer, temperature):
     """At every response token: KL(policy at the temperature || reference at 1) of the
     next-token distributions, as torch.distributions computes it from a plain forward."""
-    policy, reference = tiny_model(tokenizer, 0), tiny_model(tokenizer, 1)
+    policy, reference = tiny_gpt(tokenizer, 0), tiny_gpt(tokenizer, 1)
     config = SamplingConfig(max_new_tokens=6, temperature=temperature)
     rollout = sample_rollout(policy, tokenizer, PROMPTS, config, torch.Generator().manual_seed(0))
     start = rollout.prompt_width
@@ -81,7 +74,7 @@ def test_the_exact_kl_is_never_negative_and_agrees_with_the_sampled_estimate(tok
     """Both are the policy's KL to the reference in expectation: over 600 answers their means
     agree within 4 standard errors of the sampled one, every exact KL is at least 0, and a
     model against itself at temperature 1 has KL 0."""
-    policy, reference = tiny_model(tokenizer, 0), tiny_model(tokenizer, 1)
+    policy, reference = tiny_gpt(tokenizer, 0), tiny_gpt(tokenizer, 1)
     config = SamplingConfig(max_new_tokens=6)
     samples = sample_policy(
         policy,
@@ -108,7 +101,7 @@ def test_best_of_n_kl_meets_the_closed_form_bound_on_a_small_model(tokenizer):
     by a reward with no ties: best-of-n's exact KL to the pool sits just under log n - (n-1)/n
     (the bound is exact as the pool grows), the sampled log-ratios of the picked answers
     average to it, and the picked answers' rewards rise with n."""
-    model = tiny_model(tokenizer, 3)
+    model = tiny_gpt(tokenizer, 3)
     reward = RuleScorer(lambda prompt, response: int(md5(response.encode()).hexdigest()[:6], 16))
     pool = score_policy(
         model, tokenizer, PROMPTS[:1], ["greet"], reference=model, scorer=reward, judge=None,

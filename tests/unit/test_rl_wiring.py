@@ -12,8 +12,9 @@ from rlhf.algorithms.rules import contains_number
 from rlhf.algorithms.scorers import RuleScorer
 from rlhf.data.tokenizer import save_tokenizer
 from rlhf.models import checkpoint
-from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.params import CriticParams, RLParams
+
+from conftest import tiny_gpt
 
 PROMPTS = [f"What is {a} plus {a + 2}?" for a in range(8)]
 
@@ -23,24 +24,16 @@ def tokenizer(tmp_path_factory):
     return save_tokenizer(tmp_path_factory.mktemp("tok"), "bytes")
 
 
-def tiny_model(tokenizer, seed: int) -> GPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        vocab_size=tokenizer.vocab_size, block_size=48, n_layer=1, n_head=2, n_embd=16
-    )
-    return GPT(config)
-
-
 def tiny_trainer(tokenizer, algorithm: str, rule=contains_number, **overrides) -> RLTrainer:
     """`algorithm` with its params `overrides` on a random policy whose reference is another
     random model, so that the KL between them is not 0 from the first rollout; `rule` scores
     each answer, and the reward is that score (no penalty for a missing end token)."""
     entry = ALGORITHMS[algorithm]
     cfg = entry.params(**overrides)
-    critic = tiny_model(tokenizer, 2) if isinstance(cfg, CriticParams) else None
+    critic = tiny_gpt(tokenizer, 2) if isinstance(cfg, CriticParams) else None
     return RLTrainer(
         entry, cfg, RLParams(max_new_tokens=8, missing_eos_penalty=0.0),
-        policy=tiny_model(tokenizer, 0), reference=tiny_model(tokenizer, 1), critic=critic,
+        policy=tiny_gpt(tokenizer, 0), reference=tiny_gpt(tokenizer, 1), critic=critic,
         scorer=RuleScorer(rule), tokenizer=tokenizer, prompts=PROMPTS, seed=0,
     )  # fmt: skip
 
