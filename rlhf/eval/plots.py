@@ -129,9 +129,10 @@ def score_against_kl(
         ax.plot(kl, score, "s--", color="black", label="best-of-n of SFT (RM picks)")
         for n, xy in zip(ns, zip(kl, score, strict=True), strict=True):
             ax.annotate(f"n={n}", xy, xytext=(4, -10), textcoords="offset points", fontsize=8)
-    for t, point in sft_temperatures.items():
+    for i, (t, point) in enumerate(sft_temperatures.items()):
         xy = (float(point["kl_to_sft"]), float(point["score"]))
-        ax.plot(*xy, "D", color=_color("sft"), markersize=6)
+        label = "SFT at temperature T (validation prompts)" if i == 0 else None
+        ax.plot(*xy, "D", color=_color("sft"), markersize=6, label=label)
         ax.annotate(f"SFT T={t}", xy, xytext=(4, 4), textcoords="offset points", fontsize=8)
     ax.set(
         title=f"{label} against KL to SFT: RL, best-of-n and SFT's temperatures",

@@ -12,7 +12,7 @@ from torch.distributions import Categorical, kl_divergence
 
 from rlhf.algorithms.scorers import RuleScorer
 from rlhf.data.tokenizer import save_tokenizer
-from rlhf.eval.baselines import best_temperature, nearest_n, primary_judge
+from rlhf.eval.baselines import against_baselines, best_temperature, nearest_n, primary_judge
 from rlhf.eval.best_of_n import best_of_n, kl_bound, pool_kl
 from rlhf.eval.policies import ScoredAnswers, sample_policy, score_policy
 from rlhf.params import EvaluateParams
@@ -170,3 +170,28 @@ def test_the_best_temperature_is_chosen_on_validation_prompts_alone():
     on_validation = {0.5: 0.2, 1.0: 0.4}  # 1.0 best: its answers are the ones already sampled
     sweep, answers = at_best_temperature(None, cfg, "gold", heldout, validation, at_one)
     assert answers is at_one and asked == [1.0, 0.5]
+
+
+def test_the_strongest_baseline_is_the_one_a_policy_beats_least():
+    """The report's first table: per policy, every baseline it met by the judge, weakest
+    showing first, with its interval; a baseline the metrics lack is left out."""
+    ci = {"low": 0.4, "high": 0.6}
+    metrics = {
+        "kl_to_sft": {"sft": 0.0, "ppo": 0.7, "dpo": 0.3},
+        "win_rate_best_temperature": {"gold": {"ppo_vs_sft": 0.47, "dpo_vs_sft": 0.51}},
+        "win_rate_best_temperature_ci95": {"gold": {"ppo_vs_sft": ci, "dpo_vs_sft": ci}},
+        "win_rate_greedy": {"gold": {"ppo_vs_sft": 0.52, "dpo_vs_sft": 0.49}},
+        "win_rate_greedy_ci95": {"gold": {"ppo_vs_sft": ci, "dpo_vs_sft": ci}},
+        "win_rate_vs_best_of_n": {"gold": {"ppo": 0.45}},
+        "win_rate_vs_best_of_n_ci95": {"gold": {"ppo": ci}},
+        "best_of_n_matched": {"ppo": 8},
+        "best_of_n": {"8": {"kl_to_sft": 0.82}},
+    }
+    table = against_baselines(metrics, "gold")
+    assert [row["rate"] for row in table["ppo"]] == [0.45, 0.47, 0.52]
+    assert table["ppo"][0]["baseline"] == "best-of-8 of SFT (KL 0.82)"
+    assert [row["baseline"] for row in table["dpo"]] == [
+        "SFT greedy (greedy vs greedy)",
+        "SFT at its best temperature",
+    ]
+    assert table["dpo"][0]["ci95"] == ci
