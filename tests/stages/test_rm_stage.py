@@ -68,7 +68,7 @@ def test_mismatched_answers_come_from_sibling_prompts_and_are_judged():
         ["2 + 3 = 5."] * 2,
     ]
     scored(out, gold_scores)  # the labeler scores the new answers only
-    assert out[0]["scores"] == [1.0, 0.4, 0.4] and out[0]["source"] == "s+mismatched"
+    assert out[0]["scores"] == [1.0, 0.2, 0.2] and out[0]["source"] == "s+mismatched"
     assert rows[0]["scores"] == [1.0]  # the rows themselves are left as they were
     assert with_mismatched(rows, 0, seed=0) == rows
 

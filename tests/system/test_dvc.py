@@ -136,9 +136,10 @@ def test_changing_an_indirectly_imported_module_makes_every_stage_that_runs_it_s
 def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tmp_path):
     """An algorithm's own params rerun that algorithm and the evaluation only; DVC's views
     show the headline numbers: `dvc metrics show` a few dozen columns, and `dvc exp show
-    --only-changed` (the README's way, without the outputs' hashes) the policy's three numbers
-    and the param, whole on a 120-column terminal. On a copy of the project: the experiment
-    stays in its workspace, and the other tests find the project as trained."""
+    --only-changed` (the README's way, without the outputs' hashes) the policy's numbers that
+    moved (its win rates over SFT and its baselines, gold scores, KL, best temperature) and
+    the param. On a copy of the project: the experiment stays in its workspace, and the other
+    tests find the project as trained."""
     project = tmp_path / "project"
     shutil.copytree(dvc_project, project)
     sh(["git", "add", "-A"], project)
@@ -147,19 +148,17 @@ def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tm
     assert set(re.findall(r"Running stage '([\w@-]+)'", out)) == {"rl@ppo", "evaluate"}
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
     assert set(diff) == {"metrics/eval.json"}  # an RL stage's own summary is a detail
-    assert set(diff["metrics/eval.json"]) == {
-        "win_rate.gold.ppo_vs_sft",
-        "gold_sampled.ppo",
-        "kl_to_sft.ppo",
-    }
+    changed = set(diff["metrics/eval.json"])
+    assert {"win_rate.gold.ppo_vs_sft", "gold_sampled.ppo", "kl_to_sft.ppo"} <= changed
+    assert all("ppo" in key for key in changed), changed  # SFT's, GRPO's and DPO's stay
     rate = diff["metrics/eval.json"]["win_rate.gold.ppo_vs_sft"]
     assert rate["old"] != rate["new"]
     columns = sh(["dvc", "metrics", "show"], project).splitlines()[0].split()
-    assert 20 <= len(columns) <= 40
-    wide = clean_env() | {"COLUMNS": "120"}
+    assert 30 <= len(columns) <= 60
+    wide = clean_env() | {"COLUMNS": "400"}
     shown = sh(["dvc", "exp", "show", *EXP_SHOW, "--no-pager"], project, wide)
-    assert max(len(line) for line in shown.splitlines()) <= 120 and "…" not in shown
-    for column in ("win_rate.gold.ppo_vs_sft", "gold_sampled.ppo", "kl_to_sft.ppo", "ppo.kl_coef"):
+    assert "…" not in shown
+    for column in [*changed, "ppo.kl_coef"]:
         assert column in shown
 
 
