@@ -98,19 +98,33 @@ MEASURES = ("gold_sampled", "gold_best_temperature", "gold_greedy", "best_temper
 
 @dataclass(frozen=True)
 class Target:
-    """A number from docs/seeds.json whose mean over the seeds must reach `threshold`."""
+    """A number from docs/seeds.json whose mean over the seeds must reach `threshold`; for a
+    win rate over SFT, `ceiling` names which of SFT's answers it is against (the ceiling's
+    key in the evaluation's details: what a perfect policy would reach)."""
 
     key: str
     threshold: float
     says: str
+    ceiling: str | None = None
 
 
 TARGET_POLICIES = ("ppo", "dpo", "grpo")  # issue 45 sets its targets for these
 TARGETS_PER_POLICY = (
-    (BEST_TEMPERATURE, 0.60, "{} at its best temperature beats SFT at its best"),
-    (GREEDY, 0.55, "{} greedy beats SFT greedy"),
-    (BEST_OF_N, 0.50, "{}'s gold score is at least that of best-of-n of SFT at the nearest KL"),
+    (
+        BEST_TEMPERATURE,
+        0.60,
+        "{} at its best temperature beats SFT at its best",
+        "best_temperature",
+    ),
+    (GREEDY, 0.55, "{} greedy beats SFT greedy", "greedy"),
+    (
+        BEST_OF_N,
+        0.50,
+        "{}'s gold score is at least that of best-of-n of SFT at the nearest KL",
+        None,
+    ),
 )
+ANSWERS_OF_SFT = {"best_temperature": "at its best temperature", "greedy": "greedy"}
 RM_TARGET = Target(
     "rm:acc_gold", 0.90, "The reward model orders held-out comparisons as the gold judge does"
 )
@@ -120,9 +134,9 @@ def targets(policies: Sequence[str] = TARGET_POLICIES) -> list[Target]:
     """Issue 45's targets: per policy, its win rates against SFT's cheap baselines; then the
     reward model's gold accuracy."""
     per_policy = [
-        Target(f"eval:{comparison.key(policy)}", threshold, says.format(name(policy)))
+        Target(f"eval:{comparison.key(policy)}", threshold, says.format(name(policy)), ceiling)
         for policy in policies
-        for comparison, threshold, says in TARGETS_PER_POLICY
+        for comparison, threshold, says, ceiling in TARGETS_PER_POLICY
     ]
     return [*per_policy, RM_TARGET]
 
@@ -224,27 +238,56 @@ def seeds_markdown(compared: Compared) -> list[str]:
     ]
 
 
-def target_row(target: Target, compared: Compared) -> list[str]:
-    """One target's row: what it asks, the mean and range over the seeds, whether it is met."""
+def target_row(target: Target, compared: Compared, ceilings: Mapping[str, float]) -> list[str]:
+    """One target's row: what it asks, the mean and range over the seeds, whether it is met,
+    and the most a perfect policy would reach in the committed run."""
     says = f"{target.says}: `{target.key}` ≥ {target.threshold:.2f}"
+    ceiling = ceilings.get(target.ceiling or "")
+    most = "–" if ceiling is None else number(ceiling)
     spread = compared["spread"].get(target.key)
     if spread is None:
-        return [says, "not measured", "–", "–"]
+        return [says, "not measured", "–", "–", most]
     met = "yes" if spread["mean"] >= target.threshold else "no"
     span = f"{number(spread['low'])} – {number(spread['high'])}"
-    return [says, number(spread["mean"]), span, met]
+    return [says, number(spread["mean"]), span, met, most]
 
 
-def targets_markdown(compared: Compared) -> list[str]:
-    """Issue 45's targets against the mean over the seeds."""
-    rows = [target_row(target, compared) for target in targets()]
+def targets_markdown(compared: Compared, evaluation: Metrics) -> list[str]:
+    """Issue 45's targets against the mean over the seeds, and each win rate's ceiling."""
+    ceilings = evaluation.get("ceiling", {}).get(JUDGE, {})
+    rows = [target_row(target, compared, ceilings) for target in targets()]
+    header = ["target", "mean over seeds", "min – max", "met", "a perfect policy's (committed run)"]
     return [
         "**Targets** (issue 45), each met when its mean over the seeds reaches it. "
         "docs/seeds.json holds each seed's value, not its interval: the committed run's "
-        "intervals are below.",
+        "intervals are below. The last column is the ceiling: the win rate answers with the "
+        "gold judge's full marks on every prompt would reach against the same SFT answers "
+        "(`ceiling` in metrics/details/eval.json). Where SFT's answer has full marks too it "
+        "is a tie, so no policy can win more.",
         "",
-        *markdown_table(["target", "mean over seeds", "min – max", "met"], rows),
+        *markdown_table(header, rows),
+        *ceiling_claim(ceilings),
     ]
+
+
+def ceiling_claim(ceilings: Mapping[str, float]) -> list[str]:
+    """What the win-rate targets ask of a policy, as a share of what a perfect one would gain
+    over a tie with SFT (0.5) in the committed run."""
+    asks = []
+    for _, threshold, _, kind in TARGETS_PER_POLICY:
+        if kind not in ceilings:
+            continue
+        ceiling = ceilings[kind]
+        perfect = 2 * (1 - ceiling)  # SFT's answers with full marks: each a tie at best
+        share = (threshold - 0.5) / (ceiling - 0.5) if ceiling > 0.5 else float("inf")
+        asks.append(
+            f"against SFT {ANSWERS_OF_SFT[kind]}, SFT's answers "
+            f"have full marks on {perfect:.0%} of held-out prompts, so {threshold:.2f} asks for "
+            f"{share:.0%} of what a perfect policy would gain there"
+        )
+    if not asks:
+        return []
+    return [f"**What the win-rate targets ask** (committed run): {'; '.join(asks)}.", ""]
 
 
 def seeds_claim(comparison: Comparison, compared: Compared, policies: Sequence[str]) -> str:
@@ -372,7 +415,7 @@ def results_markdown(
     seeds = compared or {"seeds": {}, "spread": {}}
     lines = [
         *run_time_markdown(run_time),
-        *(seeds_markdown(seeds) + targets_markdown(seeds) if compared else []),
+        *(seeds_markdown(seeds) + targets_markdown(seeds, evaluation) if compared else []),
         *claims_markdown(seeds, evaluation, seed),
         *committed_markdown(evaluation, reward_model, seed),
     ]

@@ -10,7 +10,8 @@ held-out win rates stay honest.
 Metric keys are a contract: `best_temperature.<policy>`, `temperature_sweep.<policy>.<t>`
 (`score`, `kl_to_sft`), `win_rate_best_temperature[_ci95].<judge>.<a>_vs_<b>`,
 `win_rate_greedy_ci95.<judge>.<a>_vs_<b>`, `best_of_n.<n>.*`, `best_of_n_matched.<policy>` and
-`win_rate_vs_best_of_n[_ci95].<judge>.<policy>`.
+`win_rate_vs_best_of_n[_ci95].<judge>.<policy>`, and `ceiling.<judge>.<kind>` for a judge
+with full marks.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Any
 from rlhf.eval.best_of_n import kl_bound
 from rlhf.eval.policies import ScoredAnswers
 from rlhf.eval.summary import RATE_FIELDS
-from rlhf.eval.win_rates import WinRate
-from rlhf.reward_sources import JUDGES, REWARD_MODEL, parse
+from rlhf.eval.win_rates import WinRate, win_rate
+from rlhf.reward_sources import GOLD, JUDGES, REWARD_MODEL, parse
 
 SFT = "sft"
 Rates = Mapping[str, Mapping[str, WinRate]]  # judge -> pair -> its win rate
+FULL_MARKS = {GOLD: 1.0}  # the judges whose top score is known: the gold judge's is 1
 
 
 def bon_name(n: int) -> str:
@@ -114,6 +116,16 @@ def matched_metrics(matched: Mapping[str, int], rates: Mapping[str, Rates]) -> d
     }
 
 
+def ceiling(answers: Mapping[str, Mapping[str, ScoredAnswers]], judge: str) -> dict[str, float]:
+    """Per kind of SFT's answers ("sampled", "greedy", "best_temperature"), the win rate an
+    answer with `judge`'s full marks would reach against them, ties half: no policy can beat
+    it. Where SFT already earns full marks on most prompts, a target near it asks for a
+    perfect policy. `judge` is one of FULL_MARKS."""
+    top = FULL_MARKS[judge]
+    scores = {kind: by_policy[SFT].judged_by(judge) for kind, by_policy in answers.items()}
+    return {kind: round(win_rate([top] * len(s), s), 4) for kind, s in scores.items()}
+
+
 def baseline_metrics(
     answers: Mapping[str, Mapping[str, ScoredAnswers]],
     sweep: Mapping[str, Mapping[float, ScoredAnswers]],
@@ -140,6 +152,7 @@ def baseline_metrics(
         **rate_metrics("win_rate_best_temperature", judged(answers["best_temperature"])),
         "best_of_n": best_of_n_metrics(bon, bon_rates),
         **(matched_metrics(matched, matched_rates) if matched else {}),
+        "ceiling": {judge: ceiling(answers, judge)} if judge in FULL_MARKS else {},
     }
 
 

@@ -116,6 +116,28 @@ def baselines_table(metrics: Mapping[str, Any]) -> list[str]:
     return _table(header, rows)
 
 
+def ceiling_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """What a perfect policy would win against SFT, by each judge with full marks: the most any
+    policy can reach, to read the baselines' win rates and their targets against."""
+    lines = []
+    for judge, by_kind in metrics.get("ceiling", {}).items():
+        against = {
+            "at its best temperature": by_kind.get("best_temperature"),
+            "greedy": by_kind.get("greedy"),
+            "sampled": by_kind.get("sampled"),
+        }
+        shown = ", ".join(
+            f"{rate:.3f} against SFT {how}" for how, rate in against.items() if rate is not None
+        )
+        lines += [
+            f"**The ceiling.** Answers with `{judge}`'s full marks on every prompt would win "
+            f"{shown}: where SFT's answer has full marks too it is a tie, so no policy can "
+            "win more.",
+            "",
+        ]
+    return lines
+
+
 def best_of_n_table(metrics: Mapping[str, Any]) -> list[str]:
     """Best-of-n at each n: its KL to SFT (measured, and the closed-form bound), scores and
     win rate over SFT by each judge, a judge that is the picking reward model marked."""
@@ -230,6 +252,7 @@ def render(
             f"beats least; ties count half; intervals are 95% bootstrap over prompts.{circular}",
             "",
             *baselines_table(metrics),
+            *ceiling_lines(metrics),
         ]
         if metrics.get("best_of_n"):
             lines += ["**Best-of-n of SFT** (held-out prompts):", "", *best_of_n_table(metrics)]

@@ -12,7 +12,13 @@ from torch.distributions import Categorical, kl_divergence
 
 from rlhf.algorithms.scorers import RuleScorer
 from rlhf.data.tokenizer import save_tokenizer
-from rlhf.eval.baselines import against_baselines, best_temperature, nearest_n, primary_judge
+from rlhf.eval.baselines import (
+    against_baselines,
+    best_temperature,
+    ceiling,
+    nearest_n,
+    primary_judge,
+)
 from rlhf.eval.best_of_n import best_of_n, kl_bound, pool_kl
 from rlhf.eval.policies import ScoredAnswers, sample_policy, score_policy
 from rlhf.params import EvaluateParams
@@ -170,6 +176,19 @@ def test_the_best_temperature_is_chosen_on_validation_prompts_alone():
     on_validation = {0.5: 0.2, 1.0: 0.4}  # 1.0 best: its answers are the ones already sampled
     sweep, answers = at_best_temperature(None, cfg, "gold", heldout, validation, at_one)
     assert answers is at_one and asked == [1.0, 0.5]
+
+
+def test_the_ceiling_is_what_full_marks_win_against_sft():
+    """Full marks beat every imperfect SFT answer and tie the perfect ones: with SFT perfect on
+    3 of 4 greedy answers, no policy can win more than 0.625 (a target of 0.65 asks for more
+    than perfection); against answers never perfect the ceiling is 1."""
+    answers = {
+        "greedy": {"sft": scored([1.0, 1.0, 1.0, 0.4], 1)},
+        "sampled": {"sft": scored([0.9, 0.2, 0.999, 0.0], 2)},
+    }
+    assert ceiling(answers, "gold") == {"greedy": 0.625, "sampled": 1.0}
+    perfect = scored([1.0] * 4, 1)
+    assert ceiling({"greedy": {"sft": perfect}}, "gold") == {"greedy": 0.5}
 
 
 def test_the_strongest_baseline_is_the_one_a_policy_beats_least():
