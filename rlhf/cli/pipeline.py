@@ -58,6 +58,16 @@ def prefect_environment(environ: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in settings.items() if key not in environ}
 
 
+def use_prefect_environment() -> None:
+    """Set `prefect_environment` in this process, before Prefect is imported (it reads them
+    then), and make the Prefect home: Prefect would make only its last folder, not .rlhf/
+    above it, and warn that it failed in a fresh clone."""
+    settings = prefect_environment(dict(os.environ))
+    if "PREFECT_HOME" in settings:
+        Path(settings["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    os.environ.update(settings)
+
+
 @command("run")
 def run_pipeline(
     target: Annotated[
@@ -89,7 +99,7 @@ def run_pipeline(
     skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL (or the active
     Prefect profile), else a temporary local one whose history is kept in .rlhf/prefect/. A
     run started while another holds this repository waits for it."""
-    os.environ.update(prefect_environment(dict(os.environ)))  # read when Prefect is imported
+    use_prefect_environment()
     from rlhf.flows.pipeline import REFUSED, pipeline
 
     state = pipeline(

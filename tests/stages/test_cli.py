@@ -1,5 +1,6 @@
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rlhf.cli import app
+from rlhf.cli.pipeline import PREFECT_HOME, prefect_environment, use_prefect_environment
 from rlhf.params import describe
 from rlhf.stages.support.common import ProgressLines
 
@@ -69,6 +71,18 @@ def test_generate_refuses_a_mismatched_tokenizer(trained_project, tmp_path, monk
     assert result.exit_code == 2
     (line,) = [line for line in result.output.splitlines() if line.strip()]
     assert line.startswith("error: artifacts/sft/model.pt was trained with tokenizer")
+
+
+def test_rlhf_run_makes_its_prefect_home_in_a_fresh_clone(tmp_path, monkeypatch):
+    """A clone without .rlhf/: `rlhf run` makes the Prefect home it points Prefect at, which
+    Prefect would fail to (it makes the last folder alone)."""
+    monkeypatch.chdir(tmp_path)
+    for key in [*prefect_environment({}), "PREFECT_HOME"]:
+        monkeypatch.setenv(key, "")  # so that the test's end restores each as it was
+        monkeypatch.delenv(key)
+    use_prefect_environment()
+    assert (tmp_path / PREFECT_HOME).is_dir()
+    assert os.environ["PREFECT_HOME"] == str((tmp_path / PREFECT_HOME).resolve())
 
 
 def test_params_lists_every_documented_key():
