@@ -224,8 +224,8 @@ def shared_project(trained: Path, directory: Path) -> Path:
 # the files of a minute or more (on two cores), handed out first among those that start from
 # the trained project, so that no worker starts one while the others run out of work
 LONGEST = (
-    "test_distributed.py", "test_distributed_rl.py", "test_dvc.py", "test_flows.py",
-    "test_reliability.py", "test_retries.py", "test_sharded.py",
+    "test_code_deps.py", "test_distributed.py", "test_distributed_rl.py", "test_dvc.py",
+    "test_flows.py", "test_reliability.py", "test_retries.py", "test_sharded.py",
 )  # fmt: skip
 
 

@@ -1,0 +1,191 @@
+"""Each stage's code deps in dvc.yaml, checked against oracles that share nothing with the
+generator (`rlhf.stages.support.imports.code_closure`).
+
+test_dvc.py compares dvc.yaml with `code_closure` itself, so a blind spot of the closure would
+be in both and pass there: were it to skip imports inside function bodies, collect, rl and
+evaluate would lose `rlhf/algorithms/transformers_scorer.py` and DVC would call their results
+up to date after it changed. Here two oracles decide instead: the modules each stage really
+imports when it runs on the tiny project, and a plain reading of every import statement in the
+source, function bodies included (the lazy imports that run only under some params, such as
+`hf:DIR` judges, which the tiny params never use).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, TINY_PARAMS, clean_env, make_project
+
+PACKAGE = "rlhf"
+# Runs a module as `python -m` does, then writes {module name: its file} for every module the
+# process imported, the one it ran included, to argv[1] as JSON, however the stage ended.
+TRACER = """
+import importlib.util, json, runpy, sys
+out, module, *args = sys.argv[1:]
+sys.argv = [module, *args]
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+finally:
+    files = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items())}
+    files[module] = importlib.util.find_spec(module).origin
+    with open(out, "w") as f:
+        json.dump(files, f)
+"""
+
+
+def shipped_dvc_yaml() -> dict:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text())
+
+
+def stage_runs(dvc_yaml: dict) -> dict[str, tuple[list[str], list[str]]]:
+    """Each stage as DVC runs it on the tiny params, by DVC's name, in pipeline order: its
+    command's words and its deps. A foreach stage runs once per element of its params list."""
+    runs = {}
+    for name, stage in dvc_yaml["stages"].items():
+        if "foreach" not in stage:
+            runs[name] = (stage["cmd"].split(), stage["deps"])
+            continue
+        listed = stage["foreach"].removeprefix("${").removesuffix("}")
+        for item in TINY_PARAMS[listed]:
+            runs[f"{name}@{item}"] = (stage["do"]["cmd"].replace("${item}", item).split(),
+                                      stage["do"]["deps"])  # fmt: skip
+    return runs
+
+
+def stage_module(command: list[str]) -> str:
+    python, option, module, *_ = command
+    assert (python, option) == ("python", "-m"), command
+    return module
+
+
+def source_file(module: str, root: Path) -> str | None:
+    """The project file (relative to root) that defines `module`; None for another package's
+    module, or a name that is no module (`from rlhf.errors import PipelineError`)."""
+    if module.split(".")[0] != PACKAGE:
+        return None
+    path = Path(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if (root / candidate).is_file():
+            return str(candidate)
+    return None
+
+
+def package_inits(file: str) -> set[str]:
+    """The `__init__.py` of every package that holds `file`: Python runs each before it."""
+    parents = Path(file).parents[:-1]  # rlhf/a/b.py: rlhf/a, rlhf
+    return {str(folder / "__init__.py") for folder in parents}
+
+
+@cache
+def imports_anywhere(file: str, root: Path) -> set[str]:
+    """The project files that `file`'s import statements name, wherever they stand (function
+    bodies included), but those under `if TYPE_CHECKING:`, which never runs."""
+    tree = ast.parse((root / file).read_text(), filename=file)
+    never_run = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in never_run:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{file}:{node.lineno}: a relative import this cannot read"
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {found for name in names if (found := source_file(name, root)) is not None}
+
+
+def unlisted_imports(dvc_yaml: dict, root: Path) -> dict[str, dict[str, list[str]]]:
+    """Per stage, the project files that its module or one of its code deps imports (anywhere
+    in their source) and its deps omit, each with the files that import it. Deps closed under
+    imports hold everything the stage can ever import, under any params."""
+    unlisted = {}
+    for name, stage in dvc_yaml["stages"].items():
+        stage = stage.get("do", stage)
+        deps = set(stage["deps"])
+        importers: dict[str, list[str]] = {}
+        main = source_file(stage_module(stage["cmd"].split()), root)
+        for file in sorted({main} | {d for d in deps if d.startswith(f"{PACKAGE}/")}):
+            for imported in imports_anywhere(file, root) | package_inits(file) | {file}:
+                if imported not in deps:
+                    importers.setdefault(imported, []).append(file)
+        if importers:
+            unlisted[name] = importers
+    return unlisted
+
+
+def test_every_file_a_stage_can_import_is_among_its_deps():
+    """The lazy imports too: a module a stage imports only under some params (a transformers
+    judge, a reward model folder) is code the stage runs all the same."""
+    unlisted = unlisted_imports(shipped_dvc_yaml(), REPO)
+    assert unlisted == {}, "deps in dvc.yaml omit project files the stage imports:\n" + "\n".join(
+        f"  {stage}: {file} (imported by {', '.join(importers)})"
+        for stage, files in unlisted.items()
+        for file, importers in files.items()
+    )
+
+
+def test_a_lazy_import_left_out_of_the_deps_is_caught():
+    """The check above is not vacuous on the case that matters: scorers.py imports
+    transformers_scorer.py only inside a function, and dropping it from collect's deps fails."""
+    shipped = shipped_dvc_yaml()
+    lazy = "rlhf/algorithms/transformers_scorer.py"
+    collect = shipped["stages"]["collect"]
+    collect["deps"] = [dep for dep in collect["deps"] if dep != lazy]
+    assert unlisted_imports(shipped, REPO).get("collect") == {lazy: ["rlhf/algorithms/scorers.py"]}
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> tuple[Path, dict[str, set[str]]]:
+    """A fresh tiny project, and the project files each stage imported when run in it for
+    real, stage after stage in pipeline order (each reads what the ones before it wrote)."""
+    project = make_project(tmp_path_factory.mktemp("traced") / "project").resolve()
+    runs = stage_runs(yaml.safe_load((project / "dvc.yaml").read_text()))
+    imported = {}
+    for name, (command, _) in runs.items():
+        module, args = stage_module(command), command[3:]
+        out = project.parent / f"{name}.json"
+        done = subprocess.run(
+            [sys.executable, "-c", TRACER, str(out), module, *args],
+            cwd=project, env=clean_env(), capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+        modules = json.loads(out.read_text())
+        ours = {m: Path(f).resolve() for m, f in modules.items() if m.split(".")[0] == PACKAGE}
+        elsewhere = {m: f for m, f in ours.items() if not f.is_relative_to(project)}
+        assert not elsewhere, f"{name} imported the project's modules from elsewhere: {elsewhere}"
+        imported[name] = {str(f.relative_to(project)) for f in ours.values()}
+    return project, imported
+
+
+def test_every_project_file_a_stage_imports_when_it_runs_is_among_its_deps(traced):
+    """What the stage really ran, whoever imported it and however: no reading of the source
+    decides it. Only the code the tiny params reach, so lazy imports that other params take
+    (an `hf:DIR` judge) are the check above's."""
+    project, imported = traced
+    runs = stage_runs(yaml.safe_load((project / "dvc.yaml").read_text()))
+    assert set(imported) == set(runs)
+    for name, (command, _) in runs.items():  # the trace saw the stage's own code
+        assert source_file(stage_module(command), project) in imported[name], name
+    unlisted = {
+        name: sorted(imported[name] - set(deps))
+        for name, (_, deps) in runs.items()
+        if imported[name] - set(deps)
+    }
+    assert unlisted == {}, "deps in dvc.yaml omit project files the stage imported:\n" + "\n".join(
+        f"  {stage}: {', '.join(files)}" for stage, files in unlisted.items()
+    )
