@@ -41,6 +41,7 @@ NOISE_STDS = 2.0  # a value this many seed standard deviations from the mean is 
 # a pipeline that stopped learning does (a policy no better than SFT, a reward model at chance).
 OTHER_CPU_STDS = 4.0
 MIN_STD = 0.01
+ROUNDING = 1e-9  # far below any metric's 4 decimals, far above a mean's float error
 
 
 def compared_numbers(metrics: Mapping[str, Mapping]) -> dict[str, float]:
@@ -67,7 +68,9 @@ class Spread:
     seeds: int
 
     def within_noise(self, value: float) -> bool:
-        return abs(value - self.mean) <= NOISE_STDS * self.std
+        """Within NOISE_STDS standard deviations of the mean, up to float rounding: a value
+        every seed gave (std 0, the mean rounded off it) is noise, not a change."""
+        return abs(value - self.mean) <= NOISE_STDS * self.std + ROUNDING
 
     def band(self) -> tuple[float, float]:
         """Where another CPU's run of the same params must land (OTHER_CPU_STDS)."""

@@ -8,10 +8,19 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, sh, use_repository_dvc_config
+from rlhf.stages.support.dvcfile import TOP_LEVEL_PLOTS
+
+from conftest import REPO, curves, sh, use_repository_dvc_config
 
 TEMPLATE = REPO / ".dvc" / "offline-plots.html"
-PLOTS = 56  # the over-optimization scatter and the tiny project's 55 dvclive curves
+
+
+@pytest.fixture(scope="module")
+def plot_count(trained_project) -> int:
+    """How many plots the page must draw: dvc.yaml's top-level ones and every training curve
+    the trained stages wrote (one dvclive TSV per metric), each a plot of its own."""
+    stages = [folder.name for folder in (trained_project / "dvclive").iterdir()]
+    return len(TOP_LEVEL_PLOTS) + sum(len(curves(trained_project, stage)) for stage in stages)
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +32,14 @@ def plots_page(trained_project, tmp_path_factory) -> str:
     return (project / "dvc_plots" / "index.html").read_text()
 
 
-def test_the_page_loads_no_script_from_the_network(plots_page):
+def test_the_page_loads_no_script_from_the_network(plots_page, plot_count):
     assert "window.vegaEmbed=" in plots_page  # DVC filled in the template with the bundle
     assert not re.search(r"<script[^>]*\bsrc=|<link\b", plots_page)
-    assert plots_page.count("vegaEmbed('#") == PLOTS  # one call per plot
+    assert plots_page.count("vegaEmbed('#") == plot_count  # one call per plot
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's code")
-def test_every_plot_renders_with_the_inlined_javascript(plots_page, tmp_path):
+def test_every_plot_renders_with_the_inlined_javascript(plots_page, plot_count, tmp_path):
     bundle = TEMPLATE.read_text().split("<script>", 1)[1].split("</script>", 1)[0]
     (tmp_path / "bundle.js").write_text(bundle)
     specs = re.findall(r"var spec = (.*?);\s*vegaEmbed", plots_page, flags=re.S)
@@ -41,5 +50,5 @@ def test_every_plot_renders_with_the_inlined_javascript(plots_page, tmp_path):
     )  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     paths = json.loads(rendered.stdout)
-    assert len(paths) == len(specs) == PLOTS
+    assert len(paths) == len(specs) == plot_count
     assert min(paths) > 10  # axes, ticks and the curves themselves in every plot

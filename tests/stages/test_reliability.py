@@ -397,14 +397,19 @@ def test_params_error_is_one_line_from_python_m_cli_and_dvc(trained_project, tmp
 
 
 def test_the_malformed_input_corpus_runs_and_its_cli_cases_pass(trained_project, capsys):
-    """A few cases of `tests/malformed_corpus.py` (the whole corpus takes minutes)."""
-    from malformed_corpus import CASES, main
+    """A few cases of `tests/malformed_corpus.py` (the whole corpus takes minutes), each run
+    through every `rlhf` command it declares."""
+    from malformed_corpus import CASES, entries_of, main
 
     assert len(CASES) >= 25
     only = ["jsonl: invalid UTF-8", "import: --out an existing folder", "checkpoint: empty file"]
+    commands = [entries_of(c, {"rlhf"}) for c in CASES if any(name in c.name for name in only)]
+    assert len(commands) == len(only) and all(commands)  # one case each, with `rlhf` commands
+    runs = sum(map(len, commands))
     assert main(["--entries", "rlhf", "--only", *only], base=trained_project) == 0
     table = capsys.readouterr().out
-    assert "5 runs: 5/5 as expected (100%), 0 tracebacks, 0 files changed" in table
+    summary = f"{len(only)} cases, {runs} runs: {runs}/{runs} as expected (100%), 0 tracebacks"
+    assert f"{summary}, 0 files changed" in table
 
 
 def test_a_log_line_stays_one_line_off_a_terminal():

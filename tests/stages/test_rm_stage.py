@@ -3,14 +3,17 @@ import shutil
 import subprocess
 import sys
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from typer.testing import CliRunner
 
+from rlhf.algorithms.reward_model import score_rows
 from rlhf.algorithms.scorers import RewardModelScorer
 from rlhf.cli import app
+from rlhf.data.comparisons import response_lengths
 from rlhf.data.schemas import (
     COMPARISON_SCHEMA,
     PROMPT_SCHEMA,
@@ -19,7 +22,10 @@ from rlhf.data.schemas import (
     write_rows,
 )
 from rlhf.data.tokenizer import load_tokenizer
+from rlhf.eval.rm_accuracy import comparison_metrics
+from rlhf.models import checkpoint
 from rlhf.params import ParamsError, parse_params
+from rlhf.stages.support import paths
 from rlhf.stages.support.metric_files import read_metrics
 from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
 
@@ -73,15 +79,42 @@ def test_mismatched_answers_come_from_sibling_prompts_and_are_judged():
     assert with_mismatched(rows, 0, seed=0) == rows
 
 
+def comparison_accuracy(project: Path, model_file: Path, comparisons: Path) -> dict:
+    """`comparison_metrics` of `model_file`'s rewards (its reward head, read as the reward
+    model reads it) on a comparisons file of the project."""
+    tokenizer = load_tokenizer(project / paths.TOKENIZER)
+    model = checkpoint.load_model(project / model_file, tokenizer, torch.device("cpu"))[0]
+    rows = read_rows(project / comparisons, COMPARISON_SCHEMA)
+    pooling = checkpoint.load(project / paths.RM_MODEL)["pooling"]
+    rewards = score_rows(model.eval(), tokenizer, rows, pooling=pooling, batch_size=64)
+    return comparison_metrics(rows, rewards, response_lengths(tokenizer, rows))
+
+
 def test_rm_metrics_and_normalized_checkpoint(trained_project):
     metrics = read_metrics("rm", trained_project)
     assert set(metrics) >= RM_KEYS
-    assert 0.0 <= metrics["acc_gold"] <= 1.0 and metrics["reward_std"] > 0
-    payload = torch.load(
-        trained_project / "artifacts" / "rm" / "model.pt", map_location="cpu", weights_only=True
-    )
+    held_out = comparison_accuracy(trained_project, paths.RM_MODEL, paths.COMPARISONS_VAL)
+    for key in ("acc_gold", "acc_noisy", "pairs_by_margin"):  # the saved model's numbers
+        assert metrics[key] == held_out[key], key
+    assert metrics["reward_std"] > 0
+    payload = torch.load(trained_project / paths.RM_MODEL, map_location="cpu", weights_only=True)
     assert payload["kind"] == "reward" and payload["pooling"] == "last"
     assert payload["reward_std"] == pytest.approx(metrics["reward_std"], abs=1e-6)
+
+
+def test_the_reward_model_learns_its_training_comparisons(trained_project):
+    """The tiny config's reward model takes 6 steps and is judged on about 20 held-out pairs
+    the gold judge decides: its held-out gold accuracy was 0.31 to 0.89 over seeds 1 to 8
+    (0.75 at the tests' seed 7), at or below chance at three of them, so it cannot show
+    learning (the default run does: tests/unit/test_default_run.py). What it trained on can:
+    on its ~480 training pairs it orders the noisy labels the way they say 0.05 to 0.17 more
+    often than the SFT checkpoint it starts from (whose reward head is untrained) at each of
+    those seeds, and 0.60 to 0.64 of the time, where its start scored 0.45 to 0.57."""
+    fit = {
+        name: comparison_accuracy(trained_project, model, paths.COMPARISONS_TRAIN)["acc_noisy"]
+        for name, model in (("start", paths.SFT_MODEL), ("trained", paths.RM_MODEL))
+    }
+    assert fit["trained"] >= max(fit["start"] + 0.02, 0.55), fit
 
 
 def test_score_cli_centres_demonstrations_and_prints_json(trained_project, tmp_path, monkeypatch):

@@ -6,6 +6,9 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -55,12 +58,29 @@ def flow_project(trained_project, tmp_path_factory, prefect_server):
     return project
 
 
+@contextmanager
+def inside(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The test runs in `project`; what `rlhf run` sets for Prefect ends with the test."""
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    with mock.patch.dict(os.environ):
+        yield project
+
+
 @pytest.fixture
 def in_project(flow_project, monkeypatch):
-    monkeypatch.chdir(flow_project)
-    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
-    with mock.patch.dict(os.environ):  # what `rlhf run` sets for Prefect ends with the test
-        yield flow_project
+    with inside(flow_project, monkeypatch) as project:
+        yield project
+
+
+@pytest.fixture
+def in_copy(flow_project, tmp_path, monkeypatch):
+    """A copy of the module's project, for a test whose run changes params and outputs: the
+    later tests find the module's project up to date with its own params."""
+    copy = tmp_path / "project"
+    shutil.copytree(flow_project, copy)
+    with inside(copy, monkeypatch) as project:
+        yield project
 
 
 def this_run(flow_state) -> FlowRunFilter:
@@ -73,8 +93,13 @@ def this_run_id(flow_run_id) -> FlowRunFilter:
 
 def stage_states(flow_state) -> dict[str, str]:
     """Task run name (the stage) -> final state name, read back from the Prefect server."""
+    return task_states(flow_state.state_details.flow_run_id)
+
+
+def task_states(flow_run_id) -> dict[str, str]:
+    """The flow run's task run names (the stages) -> their final state names."""
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=this_run(flow_state))
+        runs = client.read_task_runs(flow_run_filter=this_run_id(flow_run_id))
     return {run.name: run.state.name for run in runs}
 
 
@@ -95,12 +120,12 @@ def test_flow_skips_every_stage_of_an_up_to_date_project_and_publishes_its_metri
     assert published <= artifact_keys(state)
 
 
-def test_a_ppo_override_reruns_ppo_and_what_follows(in_project):
+def test_a_ppo_override_reruns_ppo_and_what_follows(in_copy):
     state = pipeline(overrides=["ppo.kl_coef=0.3"], return_state=True)
     assert state.is_completed(), state.message
     ran = {"rl@ppo", "evaluate"}
     assert stage_states(state) == {s: "Completed" if s in ran else SKIPPED for s in ALL_STAGES}
-    assert yaml.safe_load((in_project / "params.yaml").read_text())["ppo"]["kl_coef"] == 0.3
+    assert yaml.safe_load((in_copy / "params.yaml").read_text())["ppo"]["kl_coef"] == 0.3
     APILogHandler().flush()  # logs reach the API in batches
     run = LogFilterFlowRunId(any_=[state.state_details.flow_run_id])
     with get_client(sync_client=True) as client:
@@ -112,7 +137,9 @@ def test_a_ppo_override_reruns_ppo_and_what_follows(in_project):
 
 def test_a_target_stops_the_pipeline_there(in_project):
     state = pipeline(target="rm", return_state=True)
-    assert set(stage_states(state)) == {"prepare", "tokenizer", "sft", "collect", "rm"}
+    assert state.is_completed(), state.message
+    up_to_rm = ("prepare", "tokenizer", "sft", "collect", "rm")
+    assert stage_states(state) == dict.fromkeys(up_to_rm, SKIPPED)  # the project is up to date
 
 
 def test_bad_overrides_fail_before_any_stage_and_leave_params_alone(in_project):
@@ -245,7 +272,9 @@ def test_a_stage_runs_through_run_deployment_on_a_worker(worker):
         "rlhf-stage/rlhf-stage", parameters={"stage": "prepare"}, timeout=300, poll_interval=1
     )
     assert run.state.is_completed(), (run.state, time.monotonic() - started)
-    assert (worker / "data" / "prepared" / "prompts_heldout.parquet").exists()
+    assert task_states(run.id) == {"prepare": "Completed"}  # run: the clone had no outputs
+    declared = declared_stages()["prepare"].outputs
+    assert [path for path in declared if not (worker / path).exists()] == []
 
 
 def test_containerized_pipeline_dispatches_each_stage_and_fails_with_the_stages_error(

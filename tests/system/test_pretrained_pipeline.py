@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from itertools import combinations
 from pathlib import Path
 
 import pexpect
@@ -21,7 +22,9 @@ import torch
 import yaml
 from label_terminal import PROMPT, answer, start_labeling
 
-from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
+from rlhf.algorithms.scorers import RewardModelScorer
+from rlhf.data.schemas import COMPARISON_SCHEMA, PROMPT_SCHEMA, read_rows
+from rlhf.data.tokenizer import load_tokenizer
 from rlhf.labeling.queue import read_queue
 from rlhf.labeling.ranking import format_ranking
 from rlhf.models import checkpoint
@@ -277,9 +280,30 @@ def labeled_by_rm(project, tmp_path_factory) -> Path:
 
 
 def test_a_reward_model_labels_answers_sampled_from_the_sft_policy(labeled_by_rm):
+    """Every comparison ranks its answers by the labeler's scores: of two answers it scores
+    apart (by more than batching's float noise), the better-scored ranks first."""
     collect = read_metrics("collect", labeled_by_rm)
     assert collect["prompts"] == len(read_rows(labeled_by_rm / paths.PROMPTS_TRAIN, PROMPT_SCHEMA))
     assert "labeler_mean_of_samples" in collect and "gold_mean_of_samples" not in collect
+    params = yaml.safe_load((labeled_by_rm / "params.yaml").read_text())
+    labeler = RewardModelScorer.load(
+        Path(params["collect"]["labeler"].removeprefix("rm:")),
+        load_tokenizer(labeled_by_rm / paths.TOKENIZER),
+        torch.device("cpu"),
+    )
+    rows = [
+        row
+        for comparisons in (paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL)
+        for row in read_rows(labeled_by_rm / comparisons, COMPARISON_SCHEMA)
+    ]
+    decided = 0
+    for row in rows:
+        scores = labeler([row["prompt"]] * len(row["responses"]), row["responses"]).tolist()
+        for i, j in combinations(range(len(scores)), 2):
+            if abs(scores[i] - scores[j]) > 1e-4:
+                decided += 1
+                assert (scores[i] > scores[j]) == (row["ranks"][i] < row["ranks"][j]), row
+    assert decided >= len(rows)  # not vacuous: a pair per row, on average, scored apart
     assert_rm_judged_win_rates_with_intervals(labeled_by_rm)
 
 

@@ -7,8 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
-from rlhf.eval.seeds import Spread, compared_numbers, params_changed, spreads
+from rlhf.cli import app
+from rlhf.eval.seeds import NOISE_STDS, Spread, compared_numbers, params_changed, spreads
+from rlhf.stages.support import experiments
+from rlhf.stages.support.experiments import RecordedRun
 
 from conftest import clean_env, sh
 
@@ -20,6 +24,8 @@ def test_a_spread_is_the_seeds_mean_and_sample_deviation_and_flags_what_leaves_i
     )
     assert spread.within_noise(0.61) and not spread.within_noise(0.63)  # 2 std: 0.46 to 0.62
     assert spreads([{"k": 1.0, "only_here": 2.0}, {"k": 3.0}]).keys() == {"k"}
+    (same,) = spreads([{"k": 0.7}] * 3).values()  # mean 0.6999999999999998, std 0
+    assert same.within_noise(0.7) and not same.within_noise(0.7001)
 
 
 def test_the_compared_numbers_are_the_headline_ones_named_by_file():
@@ -32,6 +38,38 @@ def test_the_compared_numbers_are_the_headline_ones_named_by_file():
         "eval:win_rate.gold.ppo_vs_sft": 0.6, "eval:kl_to_sft.ppo": 1.1, "rm:acc_gold": 0.8,
     }  # fmt: skip
     assert params_changed({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == ["b=2", "c=None"]
+
+
+def recorded(name: str, params: dict, win_rate: float, acc_gold: float) -> RecordedRun:
+    """A run of one commit as `recorded_runs` reads it, with two of the compared numbers."""
+    metrics = {"eval": {"win_rate": {"gold": {"ppo_vs_sft": win_rate}}},
+               "rm": {"acc_gold": acc_gold}}  # fmt: skip
+    return RecordedRun(name, "c0ffee", params, metrics)
+
+
+def test_compare_marks_an_experiments_number_within_two_seed_deviations_and_one_outside(
+    monkeypatch,
+):
+    """Seeds at win rates 0.50, 0.54, 0.58 (mean 0.54, std 0.04) and gold accuracies 0.80,
+    0.82, 0.84 (0.82, 0.02): an experiment's 0.61 lies within 2 std (`~`, noise), its 0.90
+    does not (`!`)."""
+    runs = [
+        recorded("workspace", {"seed": 7, "ppo.kl_coef": 0.2}, 0.50, 0.80),
+        recorded("seed-8", {"seed": 8, "ppo.kl_coef": 0.2}, 0.54, 0.82),
+        recorded("seed-9", {"seed": 9, "ppo.kl_coef": 0.2}, 0.58, 0.84),
+        recorded("strong-kl", {"seed": 7, "ppo.kl_coef": 0.5}, 0.61, 0.90),
+    ]
+    monkeypatch.setattr(experiments, "recorded_runs", lambda root: runs)
+    table = CliRunner().invoke(app, ["compare"])
+    assert table.exit_code == 0, table.output
+    assert table.output.splitlines()[1:] == [
+        "eval:win_rate.gold.ppo_vs_sft\t0.540 ± 0.040 (0.500 – 0.580)\t0.610 ~",
+        "rm:acc_gold\t0.820 ± 0.020 (0.800 – 0.840)\t0.900 !",
+    ]
+    compared = json.loads(CliRunner().invoke(app, ["compare", "--json"]).output)
+    assert compared["experiments"]["strong-kl"]["within_noise"] == {
+        "eval:win_rate.gold.ppo_vs_sft": True, "rm:acc_gold": False,
+    }  # fmt: skip
 
 
 @pytest.mark.slow
@@ -58,10 +96,17 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     assert spread["mean"] == pytest.approx(sum(wins) / 3)
     experiment = compared["experiments"]["strong-kl"]
     assert experiment["changes"] == ["ppo.kl_coef=0.5"]
-    assert experiment["within_noise"].keys() == compared["spread"].keys()
+    verdicts = {  # noise: within NOISE_STDS of the seeds' standard deviation from their mean
+        key: abs(experiment["numbers"][key] - seeds["mean"]) <= NOISE_STDS * seeds["std"]
+        for key, seeds in compared["spread"].items()
+    }
+    assert experiment["within_noise"] == verdicts
     assert sh(["git", "status", "--porcelain"], project) == ""  # the workspace as it was
     table = sh([*rlhf, "compare"], project)  # off a terminal: tab-separated rows
-    assert "eval:win_rate.gold.ppo_vs_sft\t" in table and "strong-kl (ppo.kl_coef=0.5)" in table
+    header, *rows = [line.split("\t") for line in table.splitlines()]
+    assert header[-1] == "strong-kl (ppo.kl_coef=0.5)"
+    marks = {row[0]: row[-1].split(" ")[-1] for row in rows}  # each experiment cell: "0.612 ~"
+    assert marks == {key: "~" if within else "!" for key, within in verdicts.items()}
 
     typo = subprocess.run([*rlhf, "seeds", "10", "-S", "ppo.klcoef=1"], cwd=project,
                           env=clean_env(), capture_output=True, text=True)  # fmt: skip
