@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -162,6 +163,19 @@ def assert_resume_matches(project: Path, trained: Path, stage: str, resume: Path
     assert resumed == uninterrupted
     assert curves(project, stage) == curves(trained, stage)
     assert not resume.exists() and not (project / ".rlhf" / "live" / stage).exists()
+
+
+def safetensors_parts(path: Path) -> tuple[dict, bytes]:
+    """A safetensors file's header (JSON) and the data after it, to damage one of them."""
+    raw = path.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
+
+
+def write_safetensors(path: Path, header: dict | bytes, data: bytes) -> None:
+    """A safetensors file of `header` (JSON, or its bytes as they are) and `data`."""
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
 
 
 def clean_env() -> dict[str, str]:

@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import resource
 import shutil
 import subprocess
@@ -42,7 +43,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from rlhf.stages.support.dvcfile import declared_stages
 
-from conftest import clean_env, init_dvc_repo, make_project
+from conftest import (
+    clean_env,
+    init_dvc_repo,
+    make_project,
+    safetensors_parts,
+    write_safetensors,
+)
 
 ENTRIES = ("python-m", "rlhf", "dvc", "prefect")
 IGNORED = (".dvc/tmp", ".dvc/cache", "__pycache__", ".git/", ".rlhf/locks")  # tool state
@@ -168,21 +175,34 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 QWEN3_CONFIG = {
-    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 300,
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 404,
     "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
     "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
     "tie_word_embeddings": True,
-}  # fmt: skip
+}  # fmt: skip  # 404 tokens: the base project's tokenizer's (sft checks, samples them)
+INIT = {"model.init": MODEL, "tokenizer.kind": "pretrained"}  # the folder as the policy's start
+WEIGHTS = f"{MODEL}/model.safetensors"
+Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
+Q_NORM, K_NORM = (f"model.layers.0.self_attn.{x}_norm.weight" for x in "qk")  # 32 bytes each
 
 
-def model_folder(template: str = CHATML, **config: object) -> Callable[[Path], None]:
-    """A pretrained model folder whose chat template or config.json is hostile, named by
-    `model.init` (a tokenizer.json of a tiny byte-level BPE, no weights: each case is refused
-    before they are read), and dvc.yaml regenerated to track it, as a user would."""
+def model_folder(
+    template: str = CHATML,
+    damage: Callable[[Path], None] = lambda folder: None,
+    params: dict | None = None,
+    **config: object,
+) -> Callable[[Path], None]:
+    """A pretrained model folder whose chat template, config.json or weights are hostile,
+    named by `params` (`model.init` by default), and dvc.yaml regenerated to track it, as a
+    user would: a tokenizer.json of a tiny byte-level BPE, the weights of QWEN3_CONFIG's model
+    (random, written by our own export) as model.safetensors, then `damage(folder)`."""
 
     def plant(project: Path) -> None:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        from rlhf.models import registry
+        from rlhf.models.hf import save_folder
 
         folder = project / MODEL
         folder.mkdir(parents=True)
@@ -201,7 +221,13 @@ def model_folder(template: str = CHATML, **config: object) -> Callable[[Path], N
         (folder / "tokenizer_config.json").write_text(json.dumps(roles))
         (folder / "chat_template.jinja").write_text(template)
         (folder / "config.json").write_text(json.dumps({**QWEN3_CONFIG, **config}))
-        edit_params({"model.init": MODEL, "tokenizer.kind": "pretrained"})(project)
+        torch.manual_seed(0)
+        llama = registry.family("llama")
+        with tempfile.TemporaryDirectory() as tmp:
+            model = registry.build("llama", llama.config_from_hf(QWEN3_CONFIG))
+            shutil.move(save_folder(model, Path(tmp) / "m") / "model.safetensors", folder)
+        damage(folder)
+        edit_params(INIT if params is None else params)(project)
         subprocess.run([sys.executable, "-m", "rlhf.cli", "dvc-yaml"], cwd=project,
                        env=clean_env(), check=True, capture_output=True)  # fmt: skip
 
@@ -214,6 +240,125 @@ def template_case(name: str, template: str, expect: str) -> Case:
                 f"{MODEL}/chat_template.jinja: the chat template cannot frame one prompt and "
                 f"its answer: {expect}", stage="tokenizer", seconds=10,
                 entries=("python-m", "rlhf"))  # fmt: skip
+
+
+def weights_header(edit: Callable[[dict], object]) -> Callable[[Path], None]:
+    """model.safetensors with its header changed by `edit` (in place), the bytes after it as
+    they were."""
+
+    def damage(folder: Path) -> None:
+        header, data = safetensors_parts(folder / "model.safetensors")
+        edit(header)
+        write_safetensors(folder / "model.safetensors", header, data)
+
+    return damage
+
+
+def claim_4_tib(header: dict) -> None:
+    """Q_PROJ's entry claiming 4 TiB of float32 from where its bytes begin."""
+    begin = header[Q_PROJ]["data_offsets"][0]
+    header[Q_PROJ] |= {"shape": [2**20, 2**20], "data_offsets": [begin, begin + 4 * 2**40]}
+
+
+def weights_bytes(transform: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """model.safetensors replaced by `transform` of its bytes."""
+
+    def damage(folder: Path) -> None:
+        path = folder / "model.safetensors"
+        path.write_bytes(transform(path.read_bytes()))
+
+    return damage
+
+
+def weights_tensors(transform: Callable[[dict], dict]) -> Callable[[Path], None]:
+    """model.safetensors, a well-formed file, holding `transform` of its tensors."""
+
+    def damage(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        path = folder / "model.safetensors"
+        save_file(transform(load_file(path)), path, metadata={"format": "pt"})
+
+    return damage
+
+
+def with_tensor(name: str, make: Callable[[dict], torch.Tensor]) -> Callable[[Path], None]:
+    """The weights with tensor `name` set to `make(tensors)`."""
+
+    def put(tensors: dict) -> dict:
+        return {**tensors, name: make(tensors).clone(memory_format=torch.contiguous_format)}
+
+    return weights_tensors(put)
+
+
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+def sharded(listed: dict[str, str] | None = None, twice: str | None = None) -> Callable:
+    """The weights as the two shards and index save_pretrained writes for a larger model (the
+    first layer in the first shard), then the index listing tensors where `listed` says, and
+    the tensor `twice` in both shards."""
+
+    def damage(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        weight_map = {n: SHARDS[0 if ".layers.0." in n else 1] for n in tensors}
+        for shard in SHARDS:
+            held = {n: t for n, t in tensors.items() if weight_map[n] == shard or n == twice}
+            save_file(held, folder / shard, metadata={"format": "pt"})
+        index = {"metadata": {}, "weight_map": weight_map | (listed or {})}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    return damage
+
+
+def linked_to(target: str | Callable[[Path], Path]) -> Callable[[Path], None]:
+    """model.safetensors as a symlink to `target`, or to where `target(folder)` moved it."""
+
+    def damage(folder: Path) -> None:
+        path = folder / "model.safetensors"
+        if callable(target):
+            path.replace(moved := target(folder))
+            path.symlink_to(moved)
+        else:
+            path.unlink()
+            path.symlink_to(target)
+
+    return damage
+
+
+def outside(folder: Path) -> Path:
+    """Where a Hugging Face cache keeps the bytes its snapshot folders link to."""
+    blobs = folder.parent.parent / "hf-cache" / "blobs"
+    blobs.mkdir(parents=True)
+    return blobs / "0123abcd"
+
+
+def huge_header(folder: Path) -> None:
+    """A header length of 150 MB, and the file that long (sparse: no disk used)."""
+    path = folder / "model.safetensors"
+    path.write_bytes((150_000_000).to_bytes(8, "little") + b"{")
+    os.truncate(path, 8 + 150_000_000)
+
+
+def duplicated_key(folder: Path) -> None:
+    """The header's JSON naming one tensor twice, with different offsets."""
+    header, data = safetensors_parts(folder / "model.safetensors")
+    text = json.dumps(header)[:-1] + f', "{Q_PROJ}": ' + json.dumps(header[Q_PROJ]) + "}"
+    write_safetensors(folder / "model.safetensors", text.encode(), data)
+
+
+def weights_case(name: str, damage: Callable[[Path], None], expect: str, **case: object) -> Case:
+    """A model folder whose weights are damaged or hostile, refused (or, with `expect` "",
+    accepted) by the SFT stage, which loads `model.init`, in one line within 10 s."""
+    defaults = {"stage": "sft", "seconds": 10, "entries": ("python-m", "rlhf")}
+    return Case(f"model folder: weights {name}", model_folder(damage=damage), expect,
+                **defaults | case)  # fmt: skip
+
+
+LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 9000\n"
 
 
 CASES = [
@@ -366,6 +511,85 @@ CASES = [
     Case("model folder: config.json with a negative width", model_folder(hidden_size=-64),
          f"{MODEL}/config.json: hidden_size = -64", stage="sft", seconds=10,
          entries=("python-m", "rlhf")),
+    # model folders: weights, untrusted as templates are (issue 46)
+    weights_case("a header shape that disagrees with its bytes",
+                 weights_header(lambda header: header[Q_PROJ].update(shape=[32, 33])),
+                 f"{WEIGHTS}: tensor '{Q_PROJ}': dtype F32 and shape [32, 33] need 4,224 bytes, "
+                 "its data_offsets"),
+    weights_case("not a safetensors file (a pickle)",
+                 weights_bytes(lambda raw: pickle.dumps({"weight": list(range(100))})),
+                 f"{WEIGHTS}: not a safetensors file"),
+    weights_case("with a projection cut in half",
+                 with_tensor(Q_PROJ, lambda t: t[Q_PROJ][:16]),
+                 f"{WEIGHTS}: tensor '{Q_PROJ}' has shape [16, 32]; config.json implies [32, 32]"),
+    weights_case("with a float weight stored as integers",
+                 weights_header(lambda header: header[Q_PROJ].update(dtype="I32")),
+                 f"{WEIGHTS}: tensor '{Q_PROJ}' is stored as I32; weights are F16, BF16, F32, F64"),
+    Case("model folder: config.json with rms_norm_eps NaN",
+         model_folder(rms_norm_eps=float("nan")),
+         f"{MODEL}/config.json: rms_norm_eps = nan; expected a number from 1e-30 to 0.1",
+         stage="sft", seconds=10, entries=("python-m", "rlhf")),
+    Case("model folder: config.json with rope_theta -inf", model_folder(rope_theta=float("-inf")),
+         f"{MODEL}/config.json: rope_theta = -inf; expected a number", stage="sft", seconds=10,
+         entries=("python-m", "rlhf")),
+    weights_case("as a Git LFS pointer (cloned without git-lfs)", weights_bytes(lambda raw: LFS),
+                 f"{WEIGHTS}: a Git LFS pointer, not the weights; fetch them with `git lfs pull`"),
+    weights_case("truncated (a download cut short)", weights_bytes(lambda raw: raw[:len(raw) // 2]),
+                 f"{WEIGHTS}: tensor"),
+    weights_case("with a header length of 2^63",
+                 weights_bytes(lambda raw: (2**63).to_bytes(8, "little") + raw[8:]),
+                 f"{WEIGHTS}: not a safetensors file (or a truncated one): its first 8 bytes give "
+                 "a header of 9,223,372,036,854,775,808 bytes"),
+    weights_case("with a 150 MB header", huge_header,
+                 f"{WEIGHTS}: its header claims 150,000,000 bytes, more than the 16,000,000"),
+    weights_case("with a header of JSON nested 100,000 deep",
+                 weights_bytes(lambda raw: (200_007).to_bytes(8, "little") + b'{"a": '
+                               + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+                 f"{WEIGHTS}: header is not valid JSON (nested too deeply)"),
+    weights_case("with a tensor twice in its header", duplicated_key,
+                 f"{WEIGHTS}: header is not valid JSON (key '{Q_PROJ}' appears twice)"),
+    weights_case("with two tensors on the same bytes",
+                 weights_header(lambda header: header[Q_NORM].update(
+                     data_offsets=header[K_NORM]["data_offsets"])),
+                 f"{WEIGHTS}: tensor 'model.layers.0.self_attn.q_norm.weight' overlaps tensor "
+                 "'model.layers.0.self_attn.k_norm.weight'"),
+    weights_case("with a tensor claiming 4 TiB",
+                 weights_header(claim_4_tib),
+                 f"{WEIGHTS}: tensor '{Q_PROJ}' ends at byte 4,398,046,"),
+    weights_case("with a NaN in a weight",
+                 with_tensor(Q_PROJ, lambda t: t[Q_PROJ].fill_diagonal_(torch.nan)),
+                 f"{WEIGHTS}: tensor '{Q_PROJ}' holds 32 NaN or infinite values (in float32) of "
+                 "1,024"),
+    weights_case("with a layer config.json does not have",
+                 with_tensor(Q_PROJ.replace(".0.", ".2."), lambda t: t[Q_PROJ]),
+                 f"{WEIGHTS}: tensor 'model.layers.2.self_attn.q_proj.weight' has no place in "
+                 "the model config.json describes (loading would drop it"),
+    weights_case("lacking a layer's tensor",
+                 weights_tensors(lambda t: {k: v for k, v in t.items() if ".1.mlp.up" not in k}),
+                 f"{MODEL}: no weights file holds model.layers.1.mlp.up_proj.weight (shape "
+                 "[64, 32]), which config.json's model needs"),
+    weights_case("as a symlink to /dev/zero", linked_to("/dev/zero"),
+                 f"{WEIGHTS}: not a regular file"),
+    weights_case("as a symlink into a cache outside the folder (accepted)", linked_to(outside),
+                 "", seconds=None),
+    weights_case("sharded, the index naming ../../etc/passwd",
+                 sharded({Q_PROJ: "../../etc/passwd"}),
+                 f"{MODEL}/model.safetensors.index.json: names shard '../../etc/passwd', which "
+                 f"is not a file inside {MODEL}"),
+    weights_case("sharded, the index naming /etc/passwd", sharded({Q_PROJ: "/etc/passwd"}),
+                 f"{MODEL}/model.safetensors.index.json: names shard '/etc/passwd', which is not "
+                 "a file inside"),
+    weights_case("sharded, the index naming a missing shard",
+                 sharded({Q_PROJ: "model-00003-of-00003.safetensors"}),
+                 f"{MODEL}: shard 'model-00003-of-00003.safetensors' named in "
+                 "model.safetensors.index.json is missing"),
+    weights_case("sharded, a tensor in both shards", sharded(twice=Q_PROJ),
+                 f"{MODEL}/{SHARDS[1]}: tensor '{Q_PROJ}' is also in {SHARDS[0]}"),
+    Case("model folder: weights of a reward model (collect.labeler hf:DIR) cut in half",
+         model_folder(damage=with_tensor(Q_PROJ, lambda t: t[Q_PROJ][:16]),
+                      params={"collect.labeler": f"hf:{MODEL}"}),
+         f"{WEIGHTS}: tensor '{Q_PROJ}' has shape [16, 32]; config.json implies [32, 32]",
+         stage="collect", seconds=10, entries=("python-m", "rlhf")),
     # the gold judge on your own prompts: refused before anything trains
     Case("demonstrations of your own with the default labeler (gold)",
          both(write_bytes("data/raw/sft.parquet", parquet(
@@ -438,7 +662,7 @@ def allowed_outputs(case: Case, entry: str) -> tuple[str, ...]:
         name, _, item = case.stage.partition("@")
         spec = declared_stages()[name].filled(item or None)
         allowed += [str(p) for p in spec.outputs]
-        allowed += [".rlhf/"]  # resume state, the stage's own
+        allowed += [".rlhf/", "timings/"]  # resume state and speed, the stage's own
         if entry in ("dvc", "prefect"):
             allowed += ["dvc.lock"]
     return tuple(allowed)

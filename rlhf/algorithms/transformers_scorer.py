@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rlhf.data.template_sandbox import TemplateFailure, render
 from rlhf.errors import CheckpointError, PipelineError
+from rlhf.models.hf_weights import check_files
 
 HF_EXTRA = "pip install -c constraints.txt -e '.[hf]'"
 UNBOUNDED_LENGTH = 10**9  # tokenizers without a length limit report a huge sentinel
@@ -76,6 +77,7 @@ class TransformersRewardScorer:
     ) -> TransformersRewardScorer:
         folder = Path(folder)
         transformers = import_transformers(folder, model_type)
+        check_files(folder)  # transformers would read a hostile header with a traceback
         dtype = torch.bfloat16 if bf16 and device.type == "cuda" else torch.float32
         model = transformers.AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
         if model.config.num_labels != 1:

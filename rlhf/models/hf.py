@@ -4,11 +4,13 @@ A folder as `save_pretrained` writes it (or as downloaded from the Hub): `config
 `model.safetensors` or shards listed in `model.safetensors.index.json`. The config's
 `model_type` picks the backbone family that reads it (`registry.py`: `gpt2` into GPT, `llama`,
 `qwen2` and `qwen3` into the Llama-family backbone), whose `convert.py` maps the config and
-the weights' names both ways. Weights come through safetensors
-only, never a pickle. The value and reward heads, which a language model lacks, keep their
-fresh initialization; every other parameter must come from the folder. A
-`*ForSequenceClassification` folder with one label (a reward model trained elsewhere) loads
-its score head as the reward head, and lacks the LM head.
+the weights' names both ways. config.json's sizes and float settings are checked before
+anything else is read; the weights come through safetensors only, never a pickle, each file
+checked against its own bytes and the config before any model is built (`hf_weights.py`).
+The value and reward heads, which a language model lacks, keep their fresh initialization;
+every other parameter must come from the folder. A `*ForSequenceClassification` folder with
+one label (a reward model trained elsewhere) loads its score head as the reward head, and
+lacks the LM head.
 """
 
 from __future__ import annotations
@@ -19,64 +21,52 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
-from torch import Tensor, nn
+from safetensors.torch import save_file
 
 from rlhf.atomic import atomic_path
 from rlhf.data.tokenizer import Tokenizer, write_hf_tokenizer
 from rlhf.errors import CheckpointError
 from rlhf.models import registry
 from rlhf.models.backbone import Backbone
+from rlhf.models.hf_weights import OWN_HEADS, SCORE_WEIGHT, WEIGHTS_FILE, load_weights
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
 GENERATION_FILE = "generation_config.json"
-OWN_HEADS = ("value_head.", "reward_head.")  # ours, absent from a language model's folder
-SCORE_WEIGHT = "score.weight"  # a sequence classifier's head: our reward head, without bias
-# buffers old checkpoints saved that are recomputed here
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+MAX_CONFIG_BYTES = 10_000_000  # a config.json holds tens of settings: KBs
 
 
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{folder}: no {CONFIG_FILE}; is it a Hugging Face model folder?")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes; not a model's config")
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
-
-
-def weight_files(folder: Path) -> list[Path]:
-    """The safetensors file, or every shard the index names."""
-    if (folder / WEIGHTS_FILE).is_file():
-        return [folder / WEIGHTS_FILE]
-    index = folder / WEIGHTS_INDEX
-    if not index.is_file():
-        raise CheckpointError(
-            f"{folder}: no {WEIGHTS_FILE} or {WEIGHTS_INDEX} (weights load from safetensors "
-            "only; convert a pytorch_model.bin folder with save_pretrained first)"
-        )
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    missing = [s for s in shards if not (folder / s).is_file()]
-    if missing:
-        raise CheckpointError(f"{folder}: shards named in {WEIGHTS_INDEX} missing: {missing}")
-    return [folder / s for s in shards]
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: not a JSON object of settings")
+    return config
 
 
 def config_of(folder: Path, block_size: int | None = None) -> tuple[str, str, dict[str, Any]]:
     """(model_type, backbone name, its config) for the folder's model, or a CheckpointError
     naming what is unsupported; `block_size` cuts its context to that many tokens."""
     model_type, name, config = _converted_config(folder)
-    if block_size is not None:
-        if block_size > config["block_size"]:
-            raise CheckpointError(
-                f"{folder / CONFIG_FILE}: model.block_size = {block_size} exceeds the model's "
-                f"context of {config['block_size']} tokens"
-            )
-        config["block_size"] = block_size
-    return model_type, name, config
+    return model_type, name, _cut(folder, config, block_size)
+
+
+def _cut(folder: Path, config: dict[str, Any], block_size: int | None) -> dict[str, Any]:
+    """`config` with its context cut to `block_size` tokens (None: as it is)."""
+    if block_size is None:
+        return config
+    if block_size > config["block_size"]:
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE}: model.block_size = {block_size} exceeds the model's "
+            f"context of {config['block_size']} tokens"
+        )
+    return config | {"block_size": block_size}
 
 
 # The config.json keys that size a model (GPT-2's and the Llama family's names; a family that
@@ -99,6 +89,14 @@ DIVISIBLE = (
 )
 
 
+def _check_size(path: Path, key: str, value: object, limit: int) -> None:
+    """Refuse `value` unless it is a whole number from 1 to `limit` (a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise CheckpointError(
+            f"{path}: {key} = {value!r}; expected a whole number from 1 to {limit}"
+        )
+
+
 def check_sizes(path: Path, hf: dict[str, Any]) -> None:
     """Refuse, naming the key, a size in config.json (`path`) that is not a whole number
     within `SIZE_LIMITS`, or heads that do not divide what they split."""
@@ -106,10 +104,7 @@ def check_sizes(path: Path, hf: dict[str, Any]) -> None:
         value = hf.get(key)
         if key not in hf or (value is None and key in OPTIONAL_SIZES):
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
-            raise CheckpointError(
-                f"{path}: {key} = {value!r}; expected a whole number from 1 to {limit}"
-            )
+        _check_size(path, key, value, limit)
     for dividend, divisor in DIVISIBLE:
         if dividend == "hidden_size" and hf.get("head_dim"):
             continue  # Qwen3 sets the head width apart from the model's
@@ -117,6 +112,50 @@ def check_sizes(path: Path, hf: dict[str, Any]) -> None:
             raise CheckpointError(
                 f"{path}: {dividend} = {hf[dividend]} is not a multiple of "
                 f"{divisor} = {hf[divisor]}"
+            )
+
+
+# config.json's float settings the backbones read, by where they are (rope settings nest in
+# rope_parameters or rope_scaling; transformers writes both), with a range every real model
+# is within (Llama-3 and Qwen: eps 1e-5 or 1e-6, theta 1e4 to 1e6, factor 8 to 32, low and
+# high frequency factors 1 and 4). A value out of range or not finite (an epsilon of NaN) is
+# one line at load, as a size is, not a NaN loss after the model was built and the data read.
+FLOAT_LIMITS = {"rms_norm_eps": (1e-30, 0.1), "rope_theta": (1.0, 1e12)}
+ROPE_GROUPS = ("rope_parameters", "rope_scaling")
+ROPE_FLOAT_LIMITS = {"rope_theta": (1.0, 1e12), "factor": (1.0, 1024.0),
+                     "low_freq_factor": (1e-3, 1e3), "high_freq_factor": (1e-3, 1e3)}  # fmt: skip
+ROPE_SIZES = {"original_max_position_embeddings": 2**21}
+
+
+def check_values(path: Path, hf: dict[str, Any]) -> None:
+    """Refuse, naming the key, a float setting in config.json (`path`) that is not a finite
+    number within `FLOAT_LIMITS` (`ROPE_FLOAT_LIMITS` in a rope group), a rope group's size
+    that is not a whole number, or Llama-3 frequency factors whose difference, which the
+    scaling divides by, is not positive."""
+    groups = [("", hf, FLOAT_LIMITS)] + [
+        (f"{group}.", hf[group], ROPE_FLOAT_LIMITS)
+        for group in ROPE_GROUPS
+        if isinstance(hf.get(group), dict)
+    ]
+    for prefix, settings, limits in groups:
+        for key, (low, high) in limits.items():
+            value = settings.get(key)
+            if key in settings and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not low <= value <= high
+            ):
+                raise CheckpointError(
+                    f"{path}: {prefix}{key} = {value!r}; expected a number from {low:g} to {high:g}"
+                )
+        for key, limit in ROPE_SIZES.items():
+            if prefix and key in settings:
+                _check_size(path, prefix + key, settings[key], limit)
+        low_freq, high_freq = settings.get("low_freq_factor"), settings.get("high_freq_factor")
+        if prefix and low_freq is not None and high_freq is not None and high_freq <= low_freq:
+            raise CheckpointError(
+                f"{path}: {prefix}high_freq_factor = {high_freq!r} must exceed low_freq_factor = "
+                f"{low_freq!r}: Llama-3 rope scaling divides by their difference"
             )
 
 
@@ -130,6 +169,7 @@ def _converted_config(folder: Path) -> tuple[str, str, dict[str, Any]]:
             f"supported: {', '.join(registry.model_types())}"
         )
     check_sizes(folder / CONFIG_FILE, hf)
+    check_values(folder / CONFIG_FILE, hf)
     try:
         return model_type, family.model.name, family.config_from_hf(hf)
     except (KeyError, ValueError) as exc:
@@ -142,41 +182,17 @@ def load_folder(
     folder: str | Path, device: torch.device | str = "cpu", block_size: int | None = None
 ) -> Backbone:
     """The folder's model as a backbone, in float32, with fresh value and reward heads;
-    `block_size` cuts its context (GPT-2 keeps that many position embeddings)."""
+    `block_size` cuts its context (GPT-2 keeps that many position embeddings). The weights
+    are checked to be exactly the model's (`hf_weights.py`) before it is built, so the
+    parameters they leave unset are the heads a language model lacks."""
     folder = Path(folder)
-    _, name, config = config_of(folder, block_size)
-    state: dict[str, Tensor] = {}
-    for file in weight_files(folder):
-        state |= load_file(file)
-    weights = registry.family(name).weights_from_hf(state)
-    weights = {k: v.float() for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}
+    _, name, full = _converted_config(folder)
+    config = _cut(folder, full, block_size)
+    weights = load_weights(folder, name, full)
     if "wpe.weight" in weights:  # learned positions: the first block_size of them
         weights["wpe.weight"] = weights["wpe.weight"][: config["block_size"]]
-    classifier = weights.pop(SCORE_WEIGHT, None)  # a *ForSequenceClassification reward model
-    if classifier is not None:
-        if classifier.shape[0] != 1:
-            raise CheckpointError(
-                f"{folder}: a sequence classifier with {classifier.shape[0]} labels; a reward "
-                "model has one score"
-            )
-        weights["reward_head.weight"] = classifier
-        weights["reward_head.bias"] = torch.zeros(1)
     model = registry.build(name, config)
-    result = model.load_state_dict(weights, strict=False)
-    tied = any(
-        model.lm_head.weight is m.weight for m in model.modules() if isinstance(m, nn.Embedding)
-    )  # the LM head is the embedding, which the folder holds once
-    missing = [
-        k
-        for k in result.missing_keys
-        if not k.startswith(OWN_HEADS)
-        and not ((tied or classifier is not None) and k == "lm_head.weight")
-    ]
-    if missing or result.unexpected_keys:
-        raise CheckpointError(
-            f"{folder}: weights do not match its config.json: missing {missing[:5]}, "
-            f"unexpected {result.unexpected_keys[:5]}"
-        )
+    model.load_state_dict(weights, strict=False)
     return model.to(device)
 
 

@@ -1,8 +1,10 @@
-"""Hostile model folders and everyday user data (issue 35's table), through the entry points
-a user runs: each case exits non-zero with exactly one `error:` line naming the file or key,
-no traceback, nothing written outside the command's outputs, within its time bound (10 s
-for what used to hang). The cases live in `malformed_corpus.py`; the table's other rows are
-behaviour of a kind the corpus cannot drive, tested where that behaviour lives:
+"""Hostile model folders (their templates, config.json and weights: issues 35 and 46) and
+everyday user data (issue 35's table), through the entry points a user runs: each case exits
+non-zero with exactly one `error:` line naming the file or key, no traceback, nothing written
+outside the command's outputs, within its time bound (10 s for what used to hang); a
+weights file linked into a cache outside the folder loads. The cases live in
+`malformed_corpus.py`; the table's other rows are behaviour of a kind the corpus cannot
+drive, tested where that behaviour lives:
 
 - SIGTERM to a stage, two runs of one stage: `test_reliability.py`
   (`test_sigterm_stops_a_stage_as_ctrl_c_does_and_the_rerun_resumes`,

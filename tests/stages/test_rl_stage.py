@@ -462,6 +462,18 @@ def test_a_chat_reward_model_whose_template_hangs_is_refused_at_load(deberta, tm
     assert time.monotonic() - start < 10
 
 
+def test_a_reward_model_of_another_family_with_a_hostile_weights_header_is_refused(
+    deberta, tmp_path
+):
+    """transformers reads a safetensors header unchecked (a traceback, or terabytes claimed):
+    the header and the file's bytes are checked first, one error naming the file."""
+    folder, _ = deberta
+    weights = shutil.copytree(folder, tmp_path / "hostile") / "model.safetensors"
+    weights.write_bytes((2**63).to_bytes(8, "little") + weights.read_bytes()[8:])
+    with pytest.raises(CheckpointError, match=r"hostile/model.safetensors: not a safetensors"):
+        TransformersRewardScorer.load(weights.parent, "deberta-v2", torch.device("cpu"))
+
+
 def test_an_external_reward_model_names_what_it_lacks(tmp_path, monkeypatch):
     cpu = torch.device("cpu")
     folder, _ = deberta_folder(tmp_path / "two-labels", num_labels=2)
