@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -108,7 +109,19 @@ def init_dvc_repo(project: Path) -> Path:
         ["dvc", "config", "core.analytics", "false"],
     ):
         subprocess.run(args, cwd=project, env=clean_env(), capture_output=True, check=True)
+    # the plot templates dvc.yaml names, which a clone has in its .dvc/
+    shutil.copytree(REPO / ".dvc" / "plots", project / ".dvc" / "plots")
     return project
+
+
+@functools.cache
+def import_seconds(module: str) -> float:
+    """How long importing `module` takes here, now: what a command pays before it reads its
+    input, and what a loaded machine (the suite's other worker) stretches. A bound on a
+    command that must not hang is on what it takes beyond that."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, env=clean_env())
+    return time.monotonic() - started
 
 
 def run_module(module: str, cwd: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:

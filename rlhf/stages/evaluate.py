@@ -44,7 +44,7 @@ from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics
 from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
-from rlhf.stages.support.specs import Plot, StageSpec
+from rlhf.stages.support.specs import StageSpec
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
 
@@ -82,7 +82,7 @@ SPEC = StageSpec(
         "best_temperature",
     ),
     details=paths.details_file("eval"),
-    plots=(Plot(paths.EVAL_CURVE, "kl_to_sft", "gold_score"),),
+    plots=(paths.EVAL_CURVE,),
 )
 
 

@@ -45,7 +45,7 @@ from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
 from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
-from rlhf.stages.support.specs import ITEM, Plot, StageSpec
+from rlhf.stages.support.specs import ITEM, StageSpec
 from rlhf.stages.support.trained import finish, reporting, stage_curves
 from rlhf.train.device import compile_report
 from rlhf.train.guard import NonFiniteError
@@ -73,7 +73,7 @@ SPEC = StageSpec(
     # its policy's headline numbers are what evaluate measures of it (one changed RL param
     # then changes three columns of `dvc exp show --only-changed`): training's own are details
     details=paths.details_file(ITEM),
-    plots=(Plot(paths.curves_folder(ITEM), "step"),),
+    plots=(paths.curves_folder(ITEM),),
     foreach="${rl_algorithms}",
 )
 

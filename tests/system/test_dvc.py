@@ -2,6 +2,7 @@
 runs on the tiny config that rerun exactly the stages whose params, data or code changed."""
 
 import copy
+import csv
 import json
 import os
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.stages.support import dvcfile
+from rlhf.stages.support import dvcfile, titled_plots
 from rlhf.stages.support.imports import code_closure
 from rlhf.stages.support.metric_files import read_metrics
 
@@ -286,19 +287,24 @@ def test_at_the_same_threads_a_stage_writes_the_same_bytes_on_one_core_as_on_two
     assert outputs[0] == outputs[1]
 
 
-def test_each_plot_file_is_drawn_once(dvc_project):
-    """A file a top-level plot draws is no stage's plot too: `dvc plots show` draws every
-    curve once, titled, and each dvclive curve of each trained stage once under its path."""
-    stage_plots = [
-        next(iter(plot))
-        for stage in stage_definitions(shipped_dvc_yaml()).values()
-        for plot in stage.get("plots", [])
-    ]
-    assert len(stage_plots) == len(set(stage_plots))
-    titled = dvcfile.top_level_plot_files()
-    assert not [f for f in titled for p in stage_plots if f == p or f.startswith(f"{p}/")]
-    shown = json.loads(sh(["dvc", "plots", "show", "--json"], dvc_project))["data"]
-    titles = {title for plot in dvcfile.TOP_LEVEL_PLOTS for title in plot}
-    curves = {str(p.relative_to(dvc_project)) for p in dvc_project.glob("dvclive/**/*.tsv")}
-    assert len(curves) > 40 and "dvclive/rm/plots/metrics/epoch/val_loss.tsv" in curves
-    assert set(shown) == titles | curves  # the titled files drawn under their titles only
+def test_every_plot_is_titled_and_draws_what_varies(dvc_project):
+    """`dvc plots show` draws dvc.yaml's top-level plots alone, each under its title, from
+    files the run wrote, without an error; no stage declares a plot of its own (it would be
+    drawn again, untitled, file by file). A drawn curve of more than one point varies: the
+    constants a stage logs (RL's learning rate, KL coefficient, update passes) are not drawn."""
+    declared = yaml.safe_load((dvc_project / "dvc.yaml").read_text())
+    assert not [name for name, stage in stage_definitions(declared).items() if "plots" in stage]
+    shown = json.loads(sh(["dvc", "plots", "show", "--json"], dvc_project))
+    assert "errors" not in shown
+    titles = [title for plot in declared["plots"] for title in plot]
+    assert list(shown["data"]) == titles and len(titles) == 21
+    drawn = titled_plots.plotted_files(declared["plots"])
+    assert "dvclive/grpo/plots/metrics/score.tsv" in drawn
+    for plot in declared["plots"]:
+        for file, column in next(iter(plot.values()))["y"].items():
+            with (dvc_project / file).open() as handle:
+                delimiter = "\t" if file.endswith(".tsv") else ","
+                values = [row[column] for row in csv.DictReader(handle, delimiter=delimiter)]
+            assert len(values) < 2 or len(set(values)) > 1, file
+    for constant in ("lr", "beta", "update_epochs_run"):
+        assert f"dvclive/ppo/plots/metrics/{constant}.tsv" not in drawn

@@ -17,12 +17,13 @@ from typing import Any
 import yaml
 
 from rlhf.atomic import write_text
-from rlhf.params import load_params
+from rlhf.params import Params, load_params
 from rlhf.stages.support import paths
 from rlhf.stages.support.folders import create_labels_folder, tracked_folders
 from rlhf.stages.support.imports import SOURCE_ROOT, code_closure
-from rlhf.stages.support.specs import ITEM, Plot, StageSpec
+from rlhf.stages.support.specs import ITEM, StageSpec
 from rlhf.stages.support.stage_list import STAGE_MODULES
+from rlhf.stages.support.titled_plots import top_level_plots
 
 DVC_FILE = Path("dvc.yaml")
 HEADER = """\
@@ -33,36 +34,12 @@ HEADER = """\
 # exactly the groups it reads, so `dvc repro` reruns a stage when, and only when, one of those
 # changed.
 """
-# dvc.yaml's top-level plots, drawn by `dvc plots show` beside the stages' own: the training
-# curves are each trained stage's dvclive folder, every metric a plot of its own
-TOP_LEVEL_PLOTS: list[dict[str, Any]] = [
-    {
-        "Over-optimization, gold and reward-model score against KL to SFT": {
-            "template": "scatter",
-            "x": "kl_to_sft",
-            "x_label": "KL to the SFT policy (nats per answer)",
-            "y_label": "score (gold 0-1, RM in std units)",
-            "y": {"metrics/eval_overoptimization.csv": ["gold_score", "rm_score"]},
-        }
-    },
-]
-
-
-def top_level_plot_files() -> set[str]:
-    """The files the top-level plots draw."""
-    return {file for plot in TOP_LEVEL_PLOTS for spec in plot.values() for file in spec["y"]}
 
 
 def declared_stages() -> dict[str, StageSpec]:
     """Every stage's declaration, by dvc.yaml name, in pipeline order."""
     specs = [importlib.import_module(module).SPEC for module in STAGE_MODULES]
     return {spec.name: spec for spec in specs}
-
-
-def plot_entry(plot: Plot) -> dict[str, Any]:
-    """A stage plot's dvc.yaml properties; a folder without `y` draws each file's last
-    column (a dvclive TSV's metric) against `x`."""
-    return {"cache": False, "x": plot.x} | ({"y": plot.y} if plot.y else {})
 
 
 def stage_entry(
@@ -76,29 +53,27 @@ def stage_entry(
         "deps": [str(p) for p in (*code_closure(spec.module, root), *inputs)],
         "params": list(spec.params),
     }
-    # a file a top-level plot draws is a plain output here, or `dvc plots show` draws it twice
-    titled = top_level_plot_files()
-    drawn = [p for p in spec.plots if str(p.path) not in titled]
-    plain = [{str(p.path): {"cache": False}} for p in spec.plots if str(p.path) in titled]
     # details are cached like models: an uncached out that is not a metric or plot would keep
-    # the stage out of DVC's run cache
+    # the stage out of DVC's run cache. What the top-level plots draw (`titled_plots.py`) is a
+    # plain uncached output here: a stage's plot would be drawn again, untitled, file by file
     outs = [*spec.outs, *([spec.details] if spec.details else [])]
-    if outs or plain:
-        entry["outs"] = [str(p) for p in outs] + plain
+    drawn = [{str(path): {"cache": False}} for path in spec.plots]
+    if outs or drawn:
+        entry["outs"] = [str(p) for p in outs] + drawn
     if spec.metrics:
         entry["metrics"] = [{str(p): {"cache": False}} for p in spec.metrics]
-    if drawn:
-        entry["plots"] = [{str(p.path): plot_entry(p)} for p in drawn]
     return {"foreach": spec.foreach, "do": entry} if spec.foreach else entry
 
 
 def render(root: Path = SOURCE_ROOT) -> str:
-    folders = tracked_folders(load_params(paths.PARAMS)) if paths.PARAMS.is_file() else {}
+    params = load_params(paths.PARAMS) if paths.PARAMS.is_file() else None
+    folders = tracked_folders(params) if params else {}
     stages = {
         name: stage_entry(spec, root, folders.get(name, ()))
         for name, spec in declared_stages().items()
     }
-    body = yaml.safe_dump({"stages": stages, "plots": TOP_LEVEL_PLOTS}, sort_keys=False, width=100)
+    plots = top_level_plots((params or Params()).rl_algorithms)
+    body = yaml.safe_dump({"stages": stages, "plots": plots}, sort_keys=False, width=100)
     return HEADER + body
 
 

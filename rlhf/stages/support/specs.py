@@ -19,13 +19,6 @@ ITEM = "${item}"  # DVC's placeholder for the element of a foreach stage
 
 
 @dataclass(frozen=True)
-class Plot:
-    path: Path  # a file, or a folder of files each drawn as its own plot
-    x: str
-    y: str | None = None  # None: each file's last column
-
-
-@dataclass(frozen=True)
 class StageSpec:
     name: str  # the stage name in dvc.yaml (`rl` is the foreach group `rl@ppo`, ...)
     module: str  # run as `python -m module [item]`
@@ -33,7 +26,8 @@ class StageSpec:
     inputs: tuple[Path, ...]  # data and artifacts it reads
     outs: tuple[Path, ...] = ()
     metrics: tuple[Path, ...] = ()
-    plots: tuple[Plot, ...] = ()
+    # what dvc.yaml's top-level plots draw: a curves folder, a CSV (`titled_plots.py`)
+    plots: tuple[Path, ...] = ()
     # what it measured: the `headline` keys (dotted, the last part a glob) to its metrics file,
     # what DVC's views show; the rest to `details` (`metric_files.py`)
     headline: tuple[str, ...] = ()
@@ -50,7 +44,7 @@ class StageSpec:
     def outputs(self) -> tuple[Path, ...]:
         """Everything the stage writes: outs, metrics, their details and plots."""
         details = (self.details,) if self.details else ()
-        return (*self.outs, *self.metrics, *details, *(p.path for p in self.plots))
+        return (*self.outs, *self.metrics, *details, *self.plots)
 
     @property
     def filed_as(self) -> str:
@@ -82,7 +76,7 @@ class StageSpec:
             outs=tuple(_fill(p, item) for p in self.outs),
             metrics=tuple(_fill(p, item) for p in self.metrics),
             details=self.details and _fill(self.details, item),
-            plots=tuple(replace(p, path=_fill(p.path, item)) for p in self.plots),
+            plots=tuple(_fill(p, item) for p in self.plots),
             item=item,
         )
 
@@ -95,7 +89,7 @@ def trained_outputs(name: str, headline: tuple[str, ...]) -> dict[str, tuple]:
         "metrics": (paths.metrics_file(name),),
         "headline": headline,
         "details": paths.details_file(name),
-        "plots": (Plot(paths.curves_folder(name), "step"),),
+        "plots": (paths.curves_folder(name),),
     }
 
 
