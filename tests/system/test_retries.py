@@ -18,12 +18,7 @@ import pytest
 pytest.importorskip("prefect")
 
 from prefect import get_client
-from prefect.client.schemas.filters import (
-    LogFilter,
-    LogFilterTaskRunId,
-    TaskRunFilter,
-    TaskRunFilterName,
-)
+from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 from prefect.client.schemas.objects import TaskRun
 
 from rlhf.models import checkpoint
@@ -81,18 +76,17 @@ def stop(run: subprocess.Popen) -> None:
         run.wait()
 
 
-def sft_task_run() -> tuple[TaskRun, str]:
-    """The flow's sft task run, read back from the Prefect server, and its log."""
+def sft_task_run() -> TaskRun:
+    """The flow's sft task run, read back from the Prefect server.
+
+    Its log lines are read from `rlhf run`'s console instead: the test server's SQLite drops
+    a batch of log records when another test holds its lock ("database is locked"), and the
+    console is where a user reads them anyway."""
     with get_client(sync_client=True) as client:
         (task_run,) = client.read_task_runs(
             task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[SFT.name]))
         )
-        logs, offset = [], 0
-        while page := client.read_logs(
-            LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run.id])), offset=offset
-        ):
-            logs, offset = logs + page, offset + len(page)
-    return task_run, "\n".join(log.message for log in logs)
+    return task_run
 
 
 @pytest.mark.slow
@@ -116,7 +110,7 @@ def test_a_killed_training_stage_is_retried_and_resumes_to_the_uninterrupted_byt
     finally:
         stop(run)
 
-    task_run, task_log = sft_task_run()
+    task_run, task_log = sft_task_run(), log.read_text()
     assert (task_run.state.name, task_run.run_count) == ("Completed", 2)
     assert task_run.empirical_policy.retries == RETRIES
     assert f"python -m {SFT.module}, exited with -9" in task_log  # the kill: SIGKILL
