@@ -34,6 +34,7 @@ def seeds(
     # ++: set where params.yaml leaves the seed at its default too
     for value in seed:  # refused before the first run: a typo in -S, a seed out of range
         with_overrides(paths.PARAMS, [*overrides, f"++seed={value}"])
+    warn_of_uncommitted_params(Path.cwd())
     for value in seed:
         settings = [arg for o in [*overrides, f"++seed={value}"] for arg in ("-S", o)]
         console.print(f"seeds: dvc exp run --temp {' '.join(settings)}", markup=False)
@@ -44,44 +45,72 @@ def seeds(
     compare(as_json=False)
 
 
+def warn_of_uncommitted_params(root: Path) -> None:
+    """A line when params.yaml is not HEAD's: its seeds are then a variant's, which `rlhf
+    compare` reads against the spread of HEAD's params, not as that spread."""
+    from rlhf.eval.seeds import params_changed
+    from rlhf.stages.support.experiments import committed_params, read_params
+
+    changed = params_changed(read_params(lambda path: (root / path).read_text()),
+                             committed_params(root))  # fmt: skip
+    if changed:
+        console.print(f"seeds: params.yaml differs from HEAD's ({', '.join(changed)}): these "
+                      "runs are that variant's, compared against HEAD's seeds; `git checkout "
+                      "params.yaml` first for the default's spread", markup=False)  # fmt: skip
+
+
 @command()
 def compare(
     as_json: Annotated[bool, typer.Option("--json", help="The comparison as JSON.")] = False,
 ) -> None:
     """The headline numbers of every run in this repository (the workspace and each DVC
-    experiment) against their spread over the runs that differ from the workspace only in
-    seed: mean ± standard deviation, and each experiment's value marked `~` when it lies within
-    two standard deviations of that mean (noise), `!` when outside."""
-    from rlhf.eval.seeds import spreads
-    from rlhf.stages.support.experiments import recorded_runs, split_by_seed
+    experiment) against their spread over the runs of the params HEAD commits at other seeds:
+    mean ± standard deviation, and each other run's value marked `~` when it lies within two
+    standard deviations of that mean (noise), `!` when outside. A workspace whose params.yaml
+    differs from HEAD's (`dvc exp run -S` without `--temp`) is one of those other runs."""
+    from rlhf.eval.seeds import NOISE_STDS, spreads
+    from rlhf.stages.support.experiments import committed_params, recorded_runs, split_by_seed
 
-    by_seed, others = split_by_seed(recorded_runs(Path.cwd()))
+    root = Path.cwd()
+    runs = recorded_runs(root)
+    by_seed, others = split_by_seed(runs, committed_params(root))
     spread = spreads(list(by_seed.values()))
+    judged = len(by_seed) >= 2  # one seed has no spread to judge a difference against
+    verdicts = {
+        name: {k: spread[k].within_noise(v) for k, v in numbers.items() if judged and k in spread}
+        for name, (_, numbers) in others.items()
+    }
     if as_json:
         payload = {
+            "baseline": {"commit": runs[0].baseline, "seeds": len(by_seed)},
             "seeds": {str(s): numbers for s, numbers in by_seed.items()},
             "spread": {k: vars(v) for k, v in spread.items()},
             "experiments": {
-                name: {"changes": changes, "numbers": numbers,
-                       "within_noise": {k: spread[k].within_noise(v)
-                                        for k, v in numbers.items() if k in spread}}
+                name: {"changes": changes, "numbers": numbers, "within_noise": verdicts[name]}
                 for name, (changes, numbers) in others.items()
             },
-        }  # fmt: skip
+        }
         typer.echo(json.dumps(payload, indent=2))
         return
+    commit = runs[0].baseline[:7]
+    if judged:
+        console.print(f"compare: the spread is over {len(by_seed)} seeds of the params HEAD "
+                      f"({commit}) commits; ~ within {NOISE_STDS:g} std of their mean, ! outside",
+                      markup=False)  # fmt: skip
+    else:
+        console.print(f"compare: {len(by_seed)} run(s) of the params HEAD ({commit}) commits, "
+                      "so no spread to judge a difference by: `rlhf seeds 1 2` adds two seeds",
+                      markup=False)  # fmt: skip
     header = [f"over {len(by_seed)} seed(s): mean ± std (min – max)"]
     header += [f"{name} ({', '.join(changes)})" for name, (changes, _) in others.items()]
     rows = []
     for key, s in spread.items():
         cells = [f"{s.mean:.3f} ± {s.std:.3f} ({s.low:.3f} – {s.high:.3f})"]
-        for _, numbers in others.values():
-            value = numbers.get(key)
-            mark = "" if value is None else ("~" if s.within_noise(value) else "!")
-            cells.append("–" if value is None else f"{value:.3f} {mark}")
+        for name, (_, numbers) in others.items():
+            value, within = numbers.get(key), verdicts[name].get(key)
+            mark = "" if within is None else (" ~" if within else " !")
+            cells.append("–" if value is None else f"{value:.3f}{mark}")
         rows.append([key, *cells])
-    if len(by_seed) < 2:
-        console.print("compare: one seed only, so no spread yet: `rlhf seeds 1 2` adds two")
     show_rows(["metric", *header], rows)
 
 
@@ -125,3 +154,24 @@ def show_params(
         for key, doc, default in describe()
     ]
     show_rows(["key", "value", "default", "meaning"], rows)
+
+
+@command()
+def reproduced() -> None:
+    """Whether this checkout's outputs are the committed ones, after the README's `dvc repro`:
+    on the CPU that made them (docs/committed-cpu.json), git must see no file changed; on any
+    other, where float rounding makes the run another seed's in effect, every headline number
+    must lie within the committed seed spread (docs/seeds.json). CI runs the same check.
+    Exit status 1 when it fails, with a line for each difference."""
+    from rlhf.stages.support import reproduction
+
+    verdict = reproduction.check(Path.cwd())
+    console.print(f"reproduced: checking the {verdict.check} ({verdict.why})", markup=False)
+    for line in verdict.table:
+        typer.echo(line)
+    for failure in verdict.failures:
+        console.print(f"  {failure}", markup=False)
+    if verdict.failures:
+        print_error(f"{len(verdict.failures)} difference(s) from the committed outputs")
+        raise typer.Exit(1)
+    console.print(f"reproduced: yes, by the {verdict.check}", markup=False)

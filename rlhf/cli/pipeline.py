@@ -4,6 +4,8 @@ deploy` (its scheduled deployments) and `rlhf report`."""
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +14,7 @@ import typer
 from rlhf.cli.app import command, results
 from rlhf.errors import USER_ERROR, OutputError
 from rlhf.stages.support import paths
+from rlhf.stages.support.common import console
 from rlhf.stages.support.entry import print_error
 
 
@@ -25,13 +28,29 @@ def report(
     path = paths.REPORT.resolve()
     if not path.exists():
         raise OutputError(f"no report at {path}; run `dvc repro evaluate` (or `rlhf evaluate`)")
+    from rlhf.stages.support.reproduction import other_cpu_line
+
+    if note := other_cpu_line(Path.cwd()):
+        console.print(f"report: {note}", markup=False)
     if open_report:
         typer.echo(path)
+        if not viewer_available():
+            raise OutputError(f"no viewer to open {path} with here (no display): `rlhf report` "
+                              "prints it in the terminal")  # fmt: skip
         typer.launch(str(path))
         return
     from rich.markdown import Markdown
 
     results.print(Markdown(path.read_text()))
+
+
+def viewer_available() -> bool:
+    """Whether `typer.launch` can open a file: always on macOS and Windows; on Linux and the
+    BSDs only under a display with xdg-open, which elsewhere prints lines of noise and exits 0."""
+    if sys.platform in ("darwin", "win32"):
+        return True
+    display = os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    return bool(display) and shutil.which("xdg-open") is not None
 
 
 # Prefect's temporary server, where PREFECT_API_URL names none and the environment does not

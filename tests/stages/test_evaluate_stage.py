@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from rlhf.cli import app
+from rlhf.cpu import cpu_signature
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows, write_rows
 from rlhf.eval import plots
 from rlhf.stages.support.metric_files import read_metrics
@@ -238,6 +239,8 @@ def test_cli_report_prints_where_it_is(trained_project, monkeypatch):
     monkeypatch.chdir(trained_project)
     opened = []
     monkeypatch.setattr("typer.launch", lambda target, **kw: opened.append(target) or 0)
+    monkeypatch.setenv("DISPLAY", ":0")
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     result = CliRunner().invoke(app, ["report", "--open"])
     assert result.exit_code == 0, result.output
     where = str((trained_project / "reports" / "eval.md").resolve())
@@ -245,6 +248,35 @@ def test_cli_report_prints_where_it_is(trained_project, monkeypatch):
     assert opened == [where]
     shown = CliRunner().invoke(app, ["report"])
     assert "Evaluation report" in shown.output
+
+
+def test_cli_report_open_without_a_display_says_so_in_one_line(trained_project, monkeypatch):
+    """A headless host: no xdg-open noise, one line naming the report and what to run."""
+    monkeypatch.chdir(trained_project)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr("typer.launch", lambda target, **kw: pytest.fail("launched"))
+    result = CliRunner().invoke(app, ["report", "--open"])
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: no viewer to open ") and "`rlhf report` prints it" in line
+
+
+def test_cli_report_says_when_the_committed_outputs_come_from_another_cpu(
+    trained_project, tmp_path, monkeypatch
+):
+    project = tmp_path / "p"
+    shutil.copytree(trained_project / "reports", project / "reports")
+    monkeypatch.chdir(project)
+    assert "another CPU" not in CliRunner().invoke(app, ["report"]).stderr  # none recorded
+    (project / "docs").mkdir()
+    other = cpu_signature() | {"model": "Intel Xeon", "torch_dispatch": "AVX512"}
+    (project / "docs" / "committed-cpu.json").write_text(json.dumps(other))
+    result = CliRunner().invoke(app, ["report"])
+    assert result.exit_code == 0 and "Evaluation report" in result.stdout
+    (line,) = result.stderr.splitlines()
+    assert "committed outputs were made on another CPU (Intel Xeon, AVX512" in line
+    assert "`rlhf reproduced` checks that they lie within the committed seed spread" in line
 
 
 def test_cli_report_before_evaluate_says_what_to_run(tmp_path, monkeypatch):

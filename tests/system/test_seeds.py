@@ -47,36 +47,79 @@ def recorded(name: str, params: dict, win_rate: float, acc_gold: float) -> Recor
     return RecordedRun(name, "c0ffee", params, metrics)
 
 
+STRONG_KL = {"seed": 7, "ppo.kl_coef": 0.5}
+
+
+def seed_runs(first: str) -> list[RecordedRun]:
+    """Seeds 7 (named `first`), 8 and 9 of kl_coef 0.2: win rates 0.50, 0.54, 0.58 (mean
+    0.54, std 0.04) and gold accuracies 0.80, 0.82, 0.84 (0.82, 0.02)."""
+    seeds = ((first, 7, 0.50, 0.80), ("seed-8", 8, 0.54, 0.82), ("seed-9", 9, 0.58, 0.84))
+    return [recorded(name, {"seed": seed, "ppo.kl_coef": 0.2}, win, acc)
+            for name, seed, win, acc in seeds]  # fmt: skip
+
+
+def record(monkeypatch, runs: list[RecordedRun], committed: dict) -> None:
+    """`rlhf compare` reads `runs`, and `committed` as the params HEAD commits."""
+    monkeypatch.setattr(experiments, "recorded_runs", lambda root: runs)
+    monkeypatch.setattr(experiments, "committed_params", lambda root: committed)
+
+
 def test_compare_marks_an_experiments_number_within_two_seed_deviations_and_one_outside(
     monkeypatch,
 ):
     """Seeds at win rates 0.50, 0.54, 0.58 (mean 0.54, std 0.04) and gold accuracies 0.80,
     0.82, 0.84 (0.82, 0.02): an experiment's 0.61 lies within 2 std (`~`, noise), its 0.90
     does not (`!`)."""
-    runs = [
-        recorded("workspace", {"seed": 7, "ppo.kl_coef": 0.2}, 0.50, 0.80),
-        recorded("seed-8", {"seed": 8, "ppo.kl_coef": 0.2}, 0.54, 0.82),
-        recorded("seed-9", {"seed": 9, "ppo.kl_coef": 0.2}, 0.58, 0.84),
-        recorded("strong-kl", {"seed": 7, "ppo.kl_coef": 0.5}, 0.61, 0.90),
-    ]
-    monkeypatch.setattr(experiments, "recorded_runs", lambda root: runs)
+    runs = [*seed_runs("workspace"), recorded("strong-kl", STRONG_KL, 0.61, 0.90)]
+    record(monkeypatch, runs, committed={"seed": 1234, "ppo.kl_coef": 0.2})
     table = CliRunner().invoke(app, ["compare"])
     assert table.exit_code == 0, table.output
-    assert table.output.splitlines()[1:] == [
+    assert table.stdout.splitlines()[1:] == [
         "eval:win_rate.gold.ppo_vs_sft\t0.540 ± 0.040 (0.500 – 0.580)\t0.610 ~",
         "rm:acc_gold\t0.820 ± 0.020 (0.800 – 0.840)\t0.900 !",
     ]
-    compared = json.loads(CliRunner().invoke(app, ["compare", "--json"]).output)
+    compared = json.loads(CliRunner().invoke(app, ["compare", "--json"]).stdout)
     assert compared["experiments"]["strong-kl"]["within_noise"] == {
         "eval:win_rate.gold.ppo_vs_sft": True, "rm:acc_gold": False,
     }  # fmt: skip
 
 
+def test_a_workspace_that_changed_params_is_compared_against_heads_seeds(monkeypatch):
+    """`dvc exp run -S ppo.kl_coef=0.5` without `--temp` leaves the change in the workspace:
+    the spread stays that of HEAD's params (the seed experiments), and the workspace is the
+    variant read against it, named by its change."""
+    runs = [recorded("workspace", STRONG_KL, 0.61, 0.90), *seed_runs("seed-7")]
+    record(monkeypatch, runs, committed={"seed": 7, "ppo.kl_coef": 0.2})
+    compared = json.loads(CliRunner().invoke(app, ["compare", "--json"]).stdout)
+    assert sorted(compared["seeds"]) == ["7", "8", "9"]
+    assert compared["spread"]["rm:acc_gold"]["mean"] == pytest.approx(0.82)
+    assert compared["experiments"] == {"workspace": {
+        "changes": ["ppo.kl_coef=0.5"],
+        "numbers": {"eval:win_rate.gold.ppo_vs_sft": 0.61, "rm:acc_gold": 0.90},
+        "within_noise": {"eval:win_rate.gold.ppo_vs_sft": True, "rm:acc_gold": False},
+    }}  # fmt: skip
+    table = CliRunner().invoke(app, ["compare"])
+    assert "spread is over 3 seeds of the params HEAD (c0ffee) commits" in table.stderr
+
+
+def test_with_one_seed_compare_says_there_is_no_spread_and_marks_nothing(monkeypatch):
+    """One seed's standard deviation is 0: every difference would read as `!`."""
+    runs = [seed_runs("workspace")[0], recorded("strong-kl", STRONG_KL, 0.61, 0.90)]
+    record(monkeypatch, runs, committed={"seed": 7, "ppo.kl_coef": 0.2})
+    table = CliRunner().invoke(app, ["compare"])
+    assert "1 run(s) of the params HEAD (c0ffee) commits, so no spread" in table.stderr
+    assert [row.split("\t")[-1] for row in table.stdout.splitlines()[1:]] == ["0.610", "0.900"]
+    compared = json.loads(CliRunner().invoke(app, ["compare", "--json"]).stdout)
+    assert compared["experiments"]["strong-kl"]["within_noise"] == {}
+
+
 @pytest.mark.slow
 def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
-    """Three seeds of the tiny pipeline (the trained one at 7, then 8 and 9 as experiments)
-    and a kl_coef experiment: the comparison has the three seeds' spread and reads the
-    experiment against it; the workspace's files stay as they were."""
+    """The README's order on the tiny pipeline: two more seeds (the trained one is at 7, then
+    8 and 9 as experiments), a kl_coef experiment with `--temp`, `rlhf compare`: the
+    comparison has the three seeds' spread and reads the experiment against it; the
+    workspace's files stay as they were. The same change run without `--temp` (left in the
+    workspace) is read against the same spread."""
     project = tmp_path / "p"
     shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
     sh(["git", "add", "-A"], project)
@@ -107,6 +150,14 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     assert header[-1] == "strong-kl (ppo.kl_coef=0.5)"
     marks = {row[0]: row[-1].split(" ")[-1] for row in rows}  # each experiment cell: "0.612 ~"
     assert marks == {key: "~" if within else "!" for key, within in verdicts.items()}
+
+    # the same change left in the workspace (no --temp): still read against HEAD's seeds,
+    # HEAD's committed run the one at seed 7
+    sh(["dvc", "exp", "run", "-S", "ppo.kl_coef=0.5"], project)
+    again = json.loads(sh([*rlhf, "compare", "--json"], project))
+    assert again["seeds"] == compared["seeds"] and again["spread"] == compared["spread"]
+    assert again["experiments"]["workspace"]["changes"] == ["ppo.kl_coef=0.5"]
+    assert again["experiments"]["workspace"]["numbers"] == experiment["numbers"]
 
     typo = subprocess.run([*rlhf, "seeds", "10", "-S", "ppo.klcoef=1"], cwd=project,
                           env=clean_env(), capture_output=True, text=True)  # fmt: skip

@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from rlhf.cli import app
 from rlhf.cpu import cpu_signature
 
 from conftest import REPO
@@ -96,3 +98,19 @@ def test_another_cpu_fails_a_number_outside_the_spread(checkout, check, win_rate
 def test_the_committed_outputs_name_the_cpu_that_made_them():
     signature = json.loads((REPO / "docs" / "committed-cpu.json").read_text())
     assert set(signature) == set(cpu_signature())
+
+
+def test_rlhf_reproduced_is_the_same_check(checkout, monkeypatch):
+    """What the README tells a user on another CPU to run: the table, and exit status 1 with a
+    line for each number outside its band."""
+    monkeypatch.chdir(checkout)
+    made_elsewhere(checkout)
+    rerun(checkout, 0.62)
+    result = CliRunner().invoke(app, ["reproduced"])
+    assert result.exit_code == 0, result.output
+    assert "checking the seed spread (the committed outputs come from another CPU" in result.stderr
+    assert "eval:win_rate.gold.ppo_vs_sft" in result.stdout and "0.6200" in result.stdout
+    rerun(checkout, 0.49)
+    result = CliRunner().invoke(app, ["reproduced"])
+    assert result.exit_code == 1
+    assert "eval:win_rate.gold.ppo_vs_sft: 0.4900 outside 0.5000 – 0.6600" in result.stderr

@@ -5,6 +5,7 @@ anything out, so that `rlhf compare` leaves the workspace as it is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -27,6 +28,7 @@ from rlhf.stages.support import paths
 # (refs/exps/apply/..., refs/exps/exec/..., refs/exps/celery/... are its bookkeeping)
 EXPERIMENT_REF = re.compile(r"refs/exps/(?P<baseline>[0-9a-f]{2}/[0-9a-f]{38})/(?P<name>[^/]+)")
 WORKSPACE = "workspace"
+HEAD = "HEAD"  # the run HEAD commits
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,13 @@ class RecordedRun:
 
 
 def recorded_runs(root: Path) -> list[RecordedRun]:
-    """The workspace's run, then every experiment's that has the compared metrics files."""
+    """The workspace's run, HEAD's committed one, then every experiment's that has the
+    compared metrics files. HEAD's is the workspace's but where a `dvc exp run -S` without
+    `--temp` (or an uncommitted run) replaced it there."""
     head = git(["rev-parse", "HEAD"], root).strip()
     runs = [RecordedRun(WORKSPACE, head, *read_run(lambda path: (root / path).read_text()))]
+    with contextlib.suppress(FileNotFoundError):  # a commit without metrics yet
+        runs.append(RecordedRun(HEAD, head, *read_run(partial(committed_text, root, "HEAD"))))
     listed = git(["for-each-ref", "--format=%(refname)", "refs/exps"], root).split()
     for ref in listed:
         if match := EXPERIMENT_REF.fullmatch(ref):
@@ -55,13 +61,24 @@ def recorded_runs(root: Path) -> list[RecordedRun]:
 
 def read_run(read: Callable[[Path], str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The params in effect and the compared metrics files, through `read(path) -> text`."""
+    metrics = {name: json.loads(read(paths.metrics_file(name))) for name in COMPARED}
+    return read_params(read), metrics
+
+
+def read_params(read: Callable[[Path], str]) -> dict[str, Any]:
+    """The params in effect (defaults filled in), dotted keys, through `read(path) -> text`."""
     raw = yaml.safe_load(read(paths.PARAMS)) or {}
     try:  # a key a params.yaml leaves out is at its default: the same run as one that says so
         params: Any = dataclasses.asdict(parse_params(raw))
     except ParamsError:  # written for an older schema: compared as it is
         params = raw
-    metrics = {name: json.loads(read(paths.metrics_file(name))) for name in COMPARED}
-    return flattened("", params), metrics
+    return flattened("", params)
+
+
+def committed_params(root: Path) -> dict[str, Any]:
+    """The params HEAD commits: what a seed spread is for, whatever the workspace holds (a
+    `dvc exp run -S` without `--temp` leaves its change there)."""
+    return read_params(partial(committed_text, root, "HEAD"))
 
 
 def committed_text(root: Path, commit: str, path: Path) -> str:
@@ -79,13 +96,13 @@ def git(args: list[str], root: Path) -> str:
 
 
 def split_by_seed(
-    runs: list[RecordedRun],
+    runs: list[RecordedRun], baseline_params: dict[str, Any]
 ) -> tuple[dict[object, dict[str, float]], dict[str, tuple[list[str], dict[str, float]]]]:
-    """The compared numbers of the runs that are the workspace's (`runs[0]`) at another seed,
-    by seed (the first run at each: the workspace's own), and of every other run, by name,
-    with the params it changed (or the other commit it ran from)."""
+    """The compared numbers of the runs of `baseline_params` at any seed, from the workspace's
+    commit (`runs[0]`), by seed (the first run at each: the workspace's own), and of every
+    other run, by name, with the params it changed (or the other commit it ran from)."""
     workspace = runs[0]
-    baseline = {k: v for k, v in workspace.params.items() if k != "seed"}
+    baseline = {k: v for k, v in baseline_params.items() if k != "seed"}
     by_seed: dict[object, dict[str, float]] = {}
     others: dict[str, tuple[list[str], dict[str, float]]] = {}
     for run in runs:
