@@ -162,7 +162,17 @@ def write_text(target: str | Path, text: str) -> None:
 
 
 def write_json(target: str | Path, payload: Any) -> None:
-    write_text(target, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_text(target, json.dumps(unsigned_zeros(payload), indent=2, sort_keys=True) + "\n")
+
+
+def unsigned_zeros(payload: Any) -> Any:
+    """`payload` with every -0.0 as 0.0: a KL rounded to 4 decimals from -1e-9 is zero, and
+    `dvc metrics show` would print it as `-0.0`."""
+    if isinstance(payload, dict):
+        return {key: unsigned_zeros(value) for key, value in payload.items()}
+    if isinstance(payload, list | tuple):
+        return [unsigned_zeros(value) for value in payload]
+    return payload + 0.0 if isinstance(payload, float) else payload  # -0.0 + 0.0 == +0.0
 
 
 def write_csv(target: str | Path, rows: list[dict[str, Any]]) -> None:

@@ -156,7 +156,8 @@ def warning_signs(
     metrics: Mapping[str, Any], curves: Mapping[str, Rows], policies: Sequence[str]
 ) -> list[str]:
     """Symptoms of reward hacking users report: length drift, answers that stop ending, and a
-    proxy reward that rises while the gold score falls (along training or on one task)."""
+    proxy reward that rises while the gold score falls (along training or on one task), and
+    greedy answers worse than SFT's, which sampled win rates hide."""
     signs = []
     length, ends = metrics["response_length"], metrics["end_token_rate"]
     for policy in [p for p in policies if p != "sft"]:
@@ -179,6 +180,15 @@ def warning_signs(
             )
         if "gold_sampled" not in metrics:
             continue
+        greedy = metrics["gold_greedy"]
+        if greedy[policy] < greedy["sft"] - GOLD_DROP:
+            signs.append(
+                f"**{policy}: greedy answers got worse.** Gold score, greedy: SFT "
+                f"{greedy['sft']:.3f} → {policy} {greedy[policy]:.3f}, whatever the sampled "
+                "answers gained: training moved the most likely answer away from what the gold "
+                "judge wants. Compare policies at their best temperatures and greedy, not only "
+                f"sampled; a larger {policy}.kl_coef keeps the policy nearer SFT."
+            )
         for task, scores in metrics["by_task"][policy].items():
             sft = metrics["by_task"]["sft"][task]
             if (
@@ -273,8 +283,8 @@ def render(
     signs = warning_signs(metrics, curves, policies)
     lines += ["## Warning signs", ""]
     lines += [f"- {s}" for s in signs] or [
-        "None found: no length drift, answers still end, and no gold score falling while the "
-        "reward-model score rises."
+        "None found: no length drift, answers still end, greedy answers no worse than SFT's, "
+        "and no gold score falling while the reward-model score rises."
     ]
     lines += ["", "## By task family", ""]
     tasks = list(metrics["by_task"]["sft"])
@@ -287,7 +297,7 @@ def render(
         )
     lines += ["## Figures", ""]
     for caption, path in figures.items():
-        lines += [f"**{caption}**", "", f"![{caption}]({path})", ""]
+        lines += [f"**{caption}** (`{path}`)", "", f"![{caption}]({path})", ""]
     for policy, curve in curves.items():
         lines += [f"Over-optimization points of {policy} (iteration 0 is the SFT policy):", ""]
         lines += _table(

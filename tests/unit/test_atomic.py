@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from rlhf.atomic import atomic_path, publication, remove_stale, write_csv, write_json
@@ -60,3 +62,12 @@ def test_stale_temporaries_of_a_killed_run_are_removed(tmp_path):
 def test_csv_rows(tmp_path):
     write_csv(tmp_path / "m.csv", [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}])
     assert (tmp_path / "m.csv").read_text().splitlines() == ["step,loss", "1,0.5", "2,0.25"]
+
+
+def test_json_outputs_write_negative_zero_as_zero(tmp_path):
+    """SFT's KL to itself, rounded from -1e-9: `dvc metrics show` printed `-0.0`."""
+    write_json(tmp_path / "m.json", {"kl": {"sft": -0.0, "ppo": 0.77}, "curve": [-0.0, 1.5]})
+    assert json.loads((tmp_path / "m.json").read_text()) == {
+        "curve": [0.0, 1.5], "kl": {"ppo": 0.77, "sft": 0.0},
+    }  # fmt: skip
+    assert "-0.0" not in (tmp_path / "m.json").read_text()

@@ -70,6 +70,16 @@ def test_proxy_up_gold_down_is_flagged_per_task_and_along_training():
     assert warning_signs(metrics(), curve((0.6, 0.5), (0.75, 0.6), (0.65, 0.2)), ["sft"]) == []
 
 
+def test_greedy_answers_worse_than_sfts_are_flagged():
+    """The committed default's PPO: sampled win rate over SFT 0.56, greedy gold 0.846 → 0.792."""
+    worse = metrics() | {"gold_greedy": {"sft": 0.846, "ppo": 0.792}}
+    (sign,) = warning_signs(worse, {}, ["sft", "ppo"])
+    assert sign.startswith("**ppo: greedy answers got worse.** Gold score, greedy: SFT 0.846")
+    assert "a larger ppo.kl_coef" in sign
+    within = metrics() | {"gold_greedy": {"sft": 0.846, "ppo": 0.830}}  # less than GOLD_DROP
+    assert warning_signs(within, {}, ["sft", "ppo"]) == []
+
+
 def test_report_tables_come_from_the_metrics(tmp_path):
     examples = [
         {
