@@ -26,6 +26,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -45,10 +46,20 @@ from rlhf.stages.support import paths  # noqa: E402
 from rlhf.stages.support.metric_files import read_metrics  # noqa: E402
 
 README, RESULTS_PAGE = ROOT / "README.md", ROOT / "docs" / "results.md"
+# the committed run's report figures the results page shows: copied beside it, since the
+# report is a DVC output the docs site cannot reach (file name -> caption)
+FIGURES = {
+    "score_against_kl.png": "Gold score against KL to SFT: the RL policies along training, "
+    "best-of-n of SFT at each n, and SFT at each temperature",
+    "win_rates_gold.png": "Win rates over SFT judged by the gold judge, with 95% intervals",
+    "overoptimization.png": "Over-optimization: reward-model and gold score against KL to SFT",
+}
+FIGURE_FOLDER = ROOT / "docs" / "figures"
 BLOCKS = {"results": (README, RESULTS_PAGE), "findings": (RESULTS_PAGE,)}  # name -> its pages
 JUDGE = "gold"
 SFT = "sft"
 SEEDS = ROOT / "docs" / "seeds.json"  # `rlhf compare --json` of the default at several seeds
+COMMITTED_CPU = ROOT / "docs" / "committed-cpu.json"  # the CPU that made the committed outputs
 RUN_TIME = ROOT / "docs" / "run-time.json"  # `--record-time`: the default's whole `dvc repro`
 RECORD_TIME = "python docs/results.py --record-time SECONDS"
 Compared = Mapping[str, Any]  # docs/seeds.json: {"seeds": {seed: {key: value}}, "spread": ...}
@@ -198,6 +209,20 @@ def run_time_markdown(record: Mapping[str, Any] | None) -> list[str]:
             f"(`docs/run-time.json`, recorded by `{RECORD_TIME}`)."
         )
     return [said, ""]
+
+
+def cpu_markdown(signature: Mapping[str, str] | None) -> list[str]:
+    """Which CPU made the committed outputs, and what a run on another one should expect."""
+    if signature is None:
+        return []
+    return [
+        f"**Made on** {signature['model']} ({signature['torch_dispatch']}, torch "
+        f"{signature['torch']}; `docs/committed-cpu.json`). On another CPU family float rounding "
+        "differs from the first step and training compounds it: the README's run there rewrites "
+        "the outputs with other numbers, as another seed would. `rlhf reproduced` checks that "
+        "each headline number lies within the seed spread below; CI runs the same check.",
+        "",
+    ]
 
 
 def spread_cell(compared: Compared, key: str) -> str:
@@ -409,12 +434,14 @@ def results_markdown(
     seed: int,
     compared: Compared | None,
     run_time: Mapping[str, Any] | None,
+    committed_cpu: Mapping[str, str] | None = None,
 ) -> str:
     """The `results` block: the run time, the seeds' spread, the targets, the claims, the
     committed run. Without docs/seeds.json, the run time, claims and committed run alone."""
     seeds = compared or {"seeds": {}, "spread": {}}
     lines = [
         *run_time_markdown(run_time),
+        *cpu_markdown(committed_cpu),
         *(seeds_markdown(seeds) + targets_markdown(seeds, evaluation) if compared else []),
         *claims_markdown(seeds, evaluation, seed),
         *committed_markdown(evaluation, reward_model, seed),
@@ -487,7 +514,28 @@ def findings_markdown(
             f"{number(reward_model['acc_gold'])} over all families)."
         )
     lines.append(curve_claim(curve))
+    lines.append("")
+    for name, caption in FIGURES.items():
+        lines += [
+            f"**{caption}** (`reports/figures/{name}`)",
+            "",
+            f"![{caption}](figures/{name})",
+            "",
+        ]
     return "\n".join(lines).rstrip("\n")
+
+
+def stale_figures() -> list[str]:
+    """The results page's figures that are not the committed report's."""
+    stale = []
+    for name in FIGURES:
+        copy = FIGURE_FOLDER / name
+        if (
+            not copy.is_file()
+            or copy.read_bytes() != (ROOT / paths.REPORTS / "figures" / name).read_bytes()
+        ):
+            stale.append(f"docs/figures/{name}")
+    return stale
 
 
 def with_block(text: str, block_name: str, block: str, page: str) -> str:
@@ -545,7 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     with (ROOT / paths.EVAL_CURVE).open() as file:
         curve = list(csv.DictReader(file))
     blocks = {
-        "results": results_markdown(evaluation, reward_model, seed, compared, read_json(RUN_TIME)),
+        "results": results_markdown(
+            evaluation, reward_model, seed, compared, read_json(RUN_TIME), read_json(COMMITTED_CPU)
+        ),
         "findings": findings_markdown(evaluation, reward_model, curve),
     }
     stale = []
@@ -559,6 +609,12 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(page.name)
             if not args.check:
                 page.write_text(updated)
+    figures = stale_figures()
+    if figures and not args.check:
+        FIGURE_FOLDER.mkdir(exist_ok=True)
+        for name in FIGURES:
+            shutil.copyfile(ROOT / paths.REPORTS / "figures" / name, FIGURE_FOLDER / name)
+    stale += figures
     if args.check and stale:
         print(f"{', '.join(stale)}: the results differ from metrics/: run python docs/results.py")
         return 1
