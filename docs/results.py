@@ -55,6 +55,7 @@ FIGURES = {
     "overoptimization.png": "Over-optimization: reward-model and gold score against KL to SFT",
 }
 FIGURE_FOLDER = ROOT / "docs" / "figures"
+REPORT_FIGURES = ROOT / paths.REPORTS / "figures"  # where the committed report drew them
 BLOCKS = {"results": (README, RESULTS_PAGE), "findings": (RESULTS_PAGE,)}  # name -> its pages
 JUDGE = "gold"
 SFT = "sft"
@@ -530,10 +531,7 @@ def stale_figures() -> list[str]:
     stale = []
     for name in FIGURES:
         copy = FIGURE_FOLDER / name
-        if (
-            not copy.is_file()
-            or copy.read_bytes() != (ROOT / paths.REPORTS / "figures" / name).read_bytes()
-        ):
+        if not copy.is_file() or copy.read_bytes() != (REPORT_FIGURES / name).read_bytes():
             stale.append(f"docs/figures/{name}")
     return stale
 
@@ -613,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     if figures and not args.check:
         FIGURE_FOLDER.mkdir(exist_ok=True)
         for name in FIGURES:
-            shutil.copyfile(ROOT / paths.REPORTS / "figures" / name, FIGURE_FOLDER / name)
+            shutil.copyfile(REPORT_FIGURES / name, FIGURE_FOLDER / name)
     stale += figures
     if args.check and stale:
         print(f"{', '.join(stale)}: the results differ from metrics/: run python docs/results.py")

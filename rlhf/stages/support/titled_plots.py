@@ -123,8 +123,3 @@ def top_level_plots(rl_algorithms: Sequence[str]) -> list[dict[str, Any]]:
         files = {curve_file(algorithm, metric): metric for algorithm in rl_algorithms}
         plots.append(curve_entry(plot.title, plot.y_label, files))
     return plots
-
-
-def plotted_files(plots: list[dict[str, Any]]) -> set[str]:
-    """The files `plots` draw."""
-    return {file for plot in plots for spec in plot.values() for file in spec["y"]}
