@@ -298,8 +298,12 @@ def main() -> int:
         check(len(recorded) == 1, f"one experiment recorded: {[e.get('name') for e in recorded]}")
         name = recorded[0]["name"]
         owner("dvc", "exp", "apply", name)
-        metrics = {p.stem for p in (repository / "metrics").glob("*.json")}
-        headline = {"sft", "collect", "rm", "dpo", "eval"}  # an RL stage's are evaluate's
+        metrics = {
+            str(p.relative_to(repository / "metrics"))
+            for p in (repository / "metrics").rglob("*.json")
+        }
+        # collect's and an RL stage's numbers are details (DVC-cached): their headline is evaluate's
+        headline = {"sft.json", "rm.json", "dpo.json", "eval/sft.json", "eval/ppo.json"}
         check(headline <= metrics, f"experiment {name}'s metrics: {sorted(metrics)}")
         status = owner("dvc", "status", "--json").strip()
         check(status == "{}", f"its outputs are in the repository's cache: dvc status {status}")

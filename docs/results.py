@@ -11,8 +11,8 @@ Two generated blocks, each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`
   takes (docs/run-time.json: the one place the run time is stated; other pages link to it),
   the spread over seeds of the headline numbers (docs/seeds.json, `rlhf compare --json`),
   issue 45's targets against it, what the numbers say, then the committed run in full
-  (metrics/eval.json and metrics/rm.json with their details in metrics/details/, what
-  `dvc repro` committed), through the same tables reports/eval.md shows.
+  (metrics/details/eval.json and metrics/details/rm.json, what `dvc repro` committed),
+  through the same tables reports/eval.md shows.
 - `findings` (docs/results.md): the committed run by task family, what the reward model
   judges worst, and the gold score along RL training (metrics/eval_overoptimization.csv).
 
@@ -40,9 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from rlhf.eval.report import GOLD_DROP, ROW_LABELS, policies_table, win_rates_table  # noqa: E402
-from rlhf.eval.seeds import COMPARED, compared_numbers  # noqa: E402
+from rlhf.eval.seeds import POLICY_FILE, compared_numbers  # noqa: E402
 from rlhf.reward_sources import REWARD_MODEL  # noqa: E402
+from rlhf.stages.evaluate import SPEC as EVALUATE  # noqa: E402
 from rlhf.stages.support import paths  # noqa: E402
+from rlhf.stages.support.experiments import read_run  # noqa: E402
 from rlhf.stages.support.metric_files import read_metrics  # noqa: E402
 
 README, RESULTS_PAGE = ROOT / "README.md", ROOT / "docs" / "results.md"
@@ -105,7 +107,14 @@ BEST_OF_N = Comparison(
 )
 COMPARISONS = (SAMPLED, BEST_TEMPERATURE, GREEDY, BEST_OF_N)
 # the seeds table's rows after the win rates: measures every policy has (labels as in the report)
-MEASURES = ("gold_sampled", "gold_best_temperature", "gold_greedy", "best_temperature", "kl_to_sft")
+MEASURES = ("gold_sampled", "gold_greedy", "kl_to_sft")
+
+
+def compared_key(policy: str, metric: str) -> str:
+    """The `rlhf compare` key (docs/seeds.json) of `policy`'s `metric` (`win_rate`,
+    `kl_to_sft`): its headline file and short key, `eval/ppo:win`."""
+    short = next(k for k, path in EVALUATE.headline.items() if path.split(".")[0] == metric)
+    return f"{POLICY_FILE.format(policy=policy)}:{short}"
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,7 @@ TARGETS_PER_POLICY = (
 )
 ANSWERS_OF_SFT = {"best_temperature": "at its best temperature", "greedy": "greedy"}
 RM_TARGET = Target(
-    "rm:acc_gold", 0.90, "The reward model orders held-out comparisons as the gold judge does"
+    "rm:acc", 0.90, "The reward model orders held-out comparisons as the gold judge does"
 )
 
 
@@ -146,9 +155,9 @@ def targets(policies: Sequence[str] = TARGET_POLICIES) -> list[Target]:
     """Issue 45's targets: per policy, its win rates against SFT's cheap baselines; then the
     reward model's gold accuracy."""
     per_policy = [
-        Target(f"eval:{comparison.key(policy)}", threshold, says.format(name(policy)), ceiling)
+        Target(compared_key(policy, c.metric), threshold, says.format(name(policy)), ceiling)
         for policy in policies
-        for comparison, threshold, says, ceiling in TARGETS_PER_POLICY
+        for c, threshold, says, ceiling in TARGETS_PER_POLICY
     ]
     return [*per_policy, RM_TARGET]
 
@@ -178,7 +187,7 @@ def lookup(metrics: Metrics, dotted: str) -> Any:
 
 
 def seed_values(compared: Compared, key: str) -> dict[str, float]:
-    """Each seed's value of `key` (an `rlhf compare` key, `eval:...`), for the seeds that
+    """Each seed's value of `key` (an `rlhf compare` key, `eval/ppo:win`), for the seeds that
     measured it, in seed order."""
     return {
         seed: numbers[key]
@@ -238,13 +247,14 @@ def spread_cell(compared: Compared, key: str) -> str:
 
 def seeds_markdown(compared: Compared) -> list[str]:
     """The spread over seeds of the numbers a reader compares, a row per measure and a column
-    per policy: the win rates over SFT's baselines, gold scores, best temperature and KL to SFT;
+    per policy: the win rates over SFT's baselines, gold scores and KL to SFT;
     then the reward model's gold accuracy. A measure no seed has is left out."""
     seeds = sorted(compared["seeds"], key=int)
     keys = compared["spread"]
-    policies = sorted({key.rsplit(".", 1)[1] for key in keys if key.startswith("eval:kl_to_sft.")})
-    rows = [(c.label, [f"eval:{c.key(p)}" for p in policies]) for c in COMPARISONS] + [
-        (ROW_LABELS.get(m, m), [f"eval:{m}.{p}" for p in policies]) for m in MEASURES
+    files, prefix = {key.partition(":")[0] for key in keys}, POLICY_FILE.format(policy="")
+    policies = sorted(f.removeprefix(prefix) for f in files if f.startswith(prefix))
+    rows = [(c.label, [compared_key(p, c.metric) for p in policies]) for c in COMPARISONS] + [
+        (ROW_LABELS.get(m, m), [compared_key(p, m) for p in policies]) for m in MEASURES
     ]
     shown = [
         [label, *(spread_cell(compared, key) for key in row_keys)]
@@ -320,7 +330,7 @@ def seeds_claim(comparison: Comparison, compared: Compared, policies: Sequence[s
     """Each policy's win rate at every seed (docs/seeds.json has no intervals): whose is above
     0.5 at each seed, whose is not, and the highest mean."""
     seeds = sorted(compared["seeds"], key=int)
-    values = {p: seed_values(compared, f"eval:{comparison.key(p)}") for p in policies}
+    values = {p: seed_values(compared, compared_key(p, comparison.metric)) for p in policies}
     measured = {p: list(v.values()) for p, v in values.items() if seeds and len(v) == len(seeds)}
     if not measured:
         return ""
@@ -399,7 +409,7 @@ def claims_markdown(compared: Compared, evaluation: Metrics, seed: int) -> list[
         if said:
             bullets.append(f"**{comparison.title}.** {said}")
     bullets.append(judge_claim(evaluation, policies))
-    kl = {p: compared["spread"].get(f"eval:kl_to_sft.{p}") for p in policies}
+    kl = {p: compared["spread"].get(compared_key(p, "kl_to_sft")) for p in policies}
     kl = {p: s for p, s in kl.items() if s is not None and s["std"] > 0}
     if kl:
         widest = max(kl, key=lambda p: kl[p]["std"])
@@ -561,7 +571,7 @@ def record_time(seconds: float) -> None:
 def stale_seeds(compared: Compared, seed: int) -> bool:
     """Whether docs/seeds.json's run at the committed seed is not the committed one: compared
     as `rlhf compare` reads runs, from the headline files alone."""
-    headline = {name: read_json(ROOT / paths.metrics_file(name)) or {} for name in COMPARED}
+    _, headline = read_run(lambda path: (ROOT / path).read_text())
     return compared["seeds"].get(str(seed)) != compared_numbers(headline)
 
 

@@ -285,7 +285,7 @@ def trained_project(tmp_path_factory) -> Path:
 
     shared = tmp_path_factory.getbasetemp().parent / "trained"
     with FileLock(f"{shared}.lock"):
-        if not (shared / "metrics" / "eval.json").exists():
+        if not (shared / "metrics" / "details" / "eval.json").exists():
             shutil.rmtree(shared, ignore_errors=True)  # a worker that died building it
             train_tiny(shared)
     return shared

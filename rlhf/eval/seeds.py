@@ -13,25 +13,17 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rlhf.eval.summary import flattened
+from rlhf.eval.summary import evaluated_policies
 
-# metrics file -> the keys a comparison shows (dotted, as `dvc metrics show` names them, each
-# a glob): the stages' headline keys, which every recorded run has in git; each policy against
-# SFT sampled, each at its best temperature, greedy against greedy and against best-of-n of
-# SFT at the nearest KL (a run from before the baselines lacks those: compared without them)
+# metrics file (its name under metrics/, `{policy}` each evaluated policy) -> the keys a
+# comparison shows: the stages' headline keys, which every recorded run has in git. Each
+# policy's win rate over SFT sampled, each at its best temperature, greedy against greedy and
+# against best-of-n of SFT at the nearest KL; its gold scores and KL to SFT; the reward
+# model's accuracy
+POLICY_FILE = "eval/{policy}"
 COMPARED = {
-    "eval": (
-        "win_rate.gold.*_vs_sft",
-        "win_rate_best_temperature.gold.*_vs_sft",
-        "win_rate_greedy.gold.*_vs_sft",
-        "win_rate_vs_best_of_n.gold.*",
-        "gold_sampled.*",
-        "gold_greedy.*",
-        "gold_best_temperature.*",
-        "best_temperature.*",
-        "kl_to_sft.*",
-    ),
-    "rm": ("acc_gold",),
+    POLICY_FILE: ("win", "win_t", "win_greedy", "win_bon", "gold", "gold_greedy", "kl"),
+    "rm": ("acc",),
 }
 NOISE_STDS = 2.0  # a value this many seed standard deviations from the mean is "within noise"
 # Another CPU's run of the same params: its float rounding differs from the first SFT step on,
@@ -44,16 +36,21 @@ MIN_STD = 0.01
 ROUNDING = 1e-9  # far below any metric's 4 decimals, far above a mean's float error
 
 
+def compared_files(rl_algorithms: Sequence[str]) -> list[str]:
+    """The metrics files a comparison reads of a run of `rl_algorithms`, by name."""
+    names = (name.format(policy=p) for name in COMPARED for p in evaluated_policies(rl_algorithms))
+    return list(dict.fromkeys(names))
+
+
 def compared_numbers(metrics: Mapping[str, Mapping]) -> dict[str, float]:
-    """The numbers a comparison shows, `eval:win_rate.gold.ppo_vs_sft` style, from the
-    metrics files' contents (name -> parsed JSON)."""
+    """The numbers a comparison shows, `eval/ppo:win` style (file, key), from the metrics
+    files' contents (name -> parsed JSON)."""
     numbers: dict[str, float] = {}
-    for name, patterns in COMPARED.items():
-        for key, value in flattened(name, metrics.get(name, {})).items():
-            inner = key.split(".", 1)[1] if "." in key else key
-            wanted = any(fnmatch.fnmatchcase(inner, pattern) for pattern in patterns)
-            if wanted and isinstance(value, int | float):
-                numbers[f"{name}:{inner}"] = float(value)
+    for name, contents in metrics.items():
+        for pattern, keys in COMPARED.items():
+            if fnmatch.fnmatchcase(name, pattern.format(policy="*")):
+                wanted = [k for k in keys if isinstance(contents.get(k), int | float)]
+                numbers |= {f"{name}:{k}": float(contents[k]) for k in wanted}
     return numbers
 
 

@@ -35,6 +35,11 @@ HEADLINE = (
 )  # fmt: skip
 
 
+def evaluated_policies(rl_algorithms: Sequence[str]) -> list[str]:
+    """The policies evaluate measures, in the report's order: SFT, each RL algorithm's, DPO."""
+    return ["sft", *rl_algorithms, "dpo"]
+
+
 def win_rates(
     answers: Mapping[str, ScoredAnswers],
     judges: Sequence[str],

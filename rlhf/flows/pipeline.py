@@ -77,14 +77,13 @@ def stages_for(target: str, root: Path) -> list[str]:
 
 
 def measured(stage: str, root: Path) -> dict[str, dict[str, Any]]:
-    """What stage `stage` (`sft`, `rl@ppo`) measured, headline and details merged, and how
-    fast it ran, by kind; a kind it has no file of is left out."""
+    """What stage `stage` (`sft`, `rl@ppo`) measured (its details: all of it) and how fast it
+    ran, by kind; a kind it has no file of is left out."""
     name, _, item = stage.partition("@")
     spec = declared_stages()[name].filled(item or None)
     kinds = {}
-    files = (*spec.metrics, *([spec.details] if spec.details else []))
-    if any((root / f).exists() for f in files):
-        kinds["metrics"] = read_metrics(files[0].stem, root)  # `eval` for evaluate
+    if spec.details and (root / spec.details).exists():
+        kinds["metrics"] = read_metrics(spec.details.stem, root)  # `eval` for evaluate
     timings = root / paths.timings_file(spec.filed_as)
     if timings.exists():
         kinds["timings"] = json.loads(timings.read_text())
@@ -322,8 +321,7 @@ class Experiment:
 def publish_evaluation(stages: list[str], root: Path, experiment: Experiment | None = None):
     """The evaluation tables as the markdown artifact `rlhf-evaluation`, headed by the
     experiment that holds them."""
-    metrics_file = root / paths.EVAL_METRICS
-    if "evaluate" not in stages or not metrics_file.exists():
+    if "evaluate" not in stages or not (root / paths.details_file("eval")).exists():
         return
     head = experiment.markdown() if experiment else []
     create_markdown_artifact(

@@ -61,8 +61,8 @@ SPEC = StageSpec(
     params=("seed", "device", "threads", "memory", "collect"),
     inputs=(paths.RAW, paths.PROMPTS_TRAIN, paths.SFT_TRAIN, paths.TOKENIZER, paths.SFT_MODEL),
     outs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL),
-    metrics=(paths.metrics_file("collect"),),
-    headline=("pairs", "gold_mean_of_samples", "label_flip_share"),
+    # what it measured (pairs, label flips, ...) describes its data, not a result to compare:
+    # all details, out of DVC's metrics views
     details=paths.details_file("collect"),
 )
 

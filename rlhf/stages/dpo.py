@@ -26,7 +26,7 @@ from rlhf.params import DPOParams
 from rlhf.stages.support import fitting, paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
-from rlhf.stages.support.specs import StageSpec, trained_outputs
+from rlhf.stages.support.specs import MODEL_HEADLINE, StageSpec, trained_outputs
 from rlhf.train.loop import History, Objective
 
 LOGPS = ("chosen_logp", "rejected_logp")
@@ -36,7 +36,7 @@ SPEC = StageSpec(
     "rlhf.stages.dpo",
     params=("seed", "device", "threads", "memory", "train", "dpo"),
     inputs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL, paths.TOKENIZER, paths.SFT_MODEL),
-    **trained_outputs("dpo", ("acc_gold", "reward_accuracy", "val_loss")),
+    **trained_outputs("dpo", MODEL_HEADLINE),
 )
 
 

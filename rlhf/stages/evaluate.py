@@ -12,9 +12,11 @@ Beside SFT sampled as it is, each policy meets the baselines a skeptic would try
 the validation prompts), SFT's greedy answers (against the policy's), and best-of-n of SFT
 picked by the reward model at the nearest KL.
 
-Writes metrics/eval.json (stable keys for `dvc metrics diff`), the curves as CSV for `dvc
-plots`, and reports/ (eval.md and its figures) in one atomic step. `run()` returns the
-headline numbers as a flat dict for the Prefect flow to publish.
+Writes every number to metrics/details/eval.json (stable keys, `rlhf.eval.summary`), each
+policy's headline numbers to metrics/eval/<policy>.json (short keys, a row each in `dvc metrics
+show`), the curves as CSV for `dvc plots`, and reports/ (eval.md and its figures) in one
+atomic step. `run()` returns the headline numbers as a flat dict for the Prefect flow to
+publish.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from rlhf.eval.baselines import baseline_metrics, best_temperature, primary_judg
 from rlhf.eval.best_of_n import best_of_n
 from rlhf.eval.gold import has_judge
 from rlhf.eval.policies import ScoredAnswers, score_policy
-from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
+from rlhf.eval.summary import (
+    curve_point,
+    evaluated_policies,
+    headline,
+    side_by_side,
+    summarize,
+    win_rates,
+)
 from rlhf.models import checkpoint
 from rlhf.models.backbone import freeze
 from rlhf.params import ParamsError
@@ -66,21 +75,19 @@ SPEC = StageSpec(
         *(paths.curves_folder(s) for s in TRAINING_CURVES.values()),
     ),
     outs=(paths.REPORTS,),
-    metrics=(paths.EVAL_METRICS,),
+    metrics=(paths.EVAL_METRICS,),  # a folder: one file per policy
     # each policy's win rate over SFT by the gold judge (the reward model's off the task suite),
     # sampled at evaluate.temperature, each at its best temperature, greedy against greedy, and
-    # against the best-of-n nearest its KL; gold score and KL to SFT
-    headline=(
-        "win_rate.gold|rm.*_vs_sft",
-        "win_rate_best_temperature.gold|rm.*_vs_sft",
-        "win_rate_greedy.gold|rm.*_vs_sft",
-        "win_rate_vs_best_of_n.gold|rm.*",
-        "gold_sampled",
-        "gold_greedy",
-        "gold_best_temperature",
-        "kl_to_sft",
-        "best_temperature",
-    ),
+    # against the best-of-n nearest its KL; gold score (sampled, greedy) and KL to SFT
+    headline={
+        "win": "win_rate.gold|rm.{policy}_vs_sft",
+        "win_t": "win_rate_best_temperature.gold|rm.{policy}_vs_sft",
+        "win_greedy": "win_rate_greedy.gold|rm.{policy}_vs_sft",
+        "win_bon": "win_rate_vs_best_of_n.gold|rm.{policy}",
+        "gold": "gold_sampled.{policy}",
+        "gold_greedy": "gold_greedy.{policy}",
+        "kl": "kl_to_sft.{policy}",
+    },
     details=paths.details_file("eval"),
     plots=(paths.EVAL_CURVE,),
 )
@@ -269,7 +276,7 @@ def run() -> dict[str, float]:
     heldout_answers, validation_answers = scorers(
         stage, sft, heldout, context.reward_model(), single
     )
-    names = ["sft", *p.rl_algorithms, "dpo"]
+    names = evaluated_policies(p.rl_algorithms)
     found = evaluate_all(stage, heldout_answers, validation_answers, names, primary_judge(judges))
     answers = found.answers
     bon = best_of_n_baselines(stage, sft, heldout_answers)
@@ -295,7 +302,7 @@ def run() -> dict[str, float]:
         )  # fmt: skip
         rows = [{"policy": a, **point} for a, curve in found.curves.items() for point in curve]
         write_csv(out[paths.EVAL_CURVE], rows)
-        write_metrics(out, SPEC, metrics)
+        write_metrics(out, SPEC, metrics, policies=names)
     numbers = headline(metrics)
     shown = [f"{k} {v}" for k, v in numbers.items() if k.startswith(("gold_sampled.", "win_rate."))]
     console.print(f"evaluate: {', '.join(shown)}; report in {paths.REPORT}")

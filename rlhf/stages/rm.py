@@ -23,7 +23,7 @@ from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.stages.support import fitting, paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
-from rlhf.stages.support.specs import StageSpec, trained_outputs
+from rlhf.stages.support.specs import MODEL_HEADLINE, StageSpec, trained_outputs
 from rlhf.train.loop import Objective
 
 SPEC = StageSpec(
@@ -37,7 +37,7 @@ SPEC = StageSpec(
         paths.TOKENIZER,
         paths.SFT_MODEL,
     ),
-    **trained_outputs("rm", ("acc_gold", "acc_noisy", "val_loss", "reward_length_corr")),
+    **trained_outputs("rm", MODEL_HEADLINE),
 )
 
 

@@ -32,7 +32,7 @@ SPEC = StageSpec(
     "rlhf.stages.sft",
     params=("seed", "device", "threads", "model", "memory", "train", "sft"),
     inputs=(paths.SFT_TRAIN, paths.SFT_VAL, paths.PROMPTS_HELDOUT, paths.TOKENIZER),
-    **trained_outputs("sft", ("val_loss", "train_loss", "gold_greedy", "gold_sampled")),
+    **trained_outputs("sft", {"loss": "val_loss"}),
 )
 
 

@@ -60,22 +60,18 @@ def test_every_policy_meets_the_baselines(trained_project):
     the one its validation gold score was highest at, its win rates at that temperature,
     greedy against greedy and against the best-of-n nearest its KL are headline numbers with
     intervals, and best-of-n's KL lies under its closed-form bound."""
-    headline = read_metrics_file(trained_project, "metrics/eval.json")
     metrics = eval_metrics(trained_project)
     assert metrics["primary_judge"] == "gold"
     for key in ("win_rate_best_temperature", "win_rate_greedy"):
-        assert set(headline[key]) == {"gold"}
-        assert set(headline[key]["gold"]) == {f"{p}_vs_sft" for p in POLICIES - {"sft"}}
         for judge in JUDGES:
             for pair, rate in metrics[key][judge].items():
                 ci = metrics[f"{key}_ci95"][judge][pair]
                 assert ci["low"] <= rate <= ci["high"], (key, judge, pair)
-    assert set(headline["win_rate_vs_best_of_n"]["gold"]) == POLICIES - {"sft"}
     for policy in POLICIES:
         sweep = metrics["temperature_sweep"][policy]
         assert set(sweep) == {"0.7", "1.0"}
         best = max(sweep, key=lambda t: sweep[t]["score"])
-        assert headline["best_temperature"][policy] == float(best)
+        assert metrics["best_temperature"][policy] == float(best)
         assert min(point["kl_to_sft"] for point in sweep.values()) >= 0.0
     assert metrics["temperature_sweep"]["sft"]["1.0"]["kl_to_sft"] == 0.0
     assert metrics["temperature_sweep"]["sft"]["0.7"]["kl_to_sft"] > 0.0
@@ -93,6 +89,30 @@ def test_every_policy_meets_the_baselines(trained_project):
     assert (trained_project / "reports" / "figures" / "score_against_kl.png").read_bytes()[
         :8
     ] == PNG
+
+
+def test_each_policys_headline_file_holds_its_numbers_under_short_keys(trained_project):
+    """metrics/eval/<policy>.json, a row each in `dvc metrics show`: the gold judge's win rates
+    over SFT's four baselines, gold scores and KL, the very numbers of the details."""
+    metrics = eval_metrics(trained_project)
+    assert {f.stem for f in (trained_project / "metrics" / "eval").iterdir()} == POLICIES
+    headline = {p: read_metrics_file(trained_project, f"metrics/eval/{p}.json") for p in POLICIES}
+    for policy, shown in headline.items():
+        assert shown["gold"] == metrics["gold_sampled"][policy]
+        assert shown["gold_greedy"] == metrics["gold_greedy"][policy]
+        assert shown["kl"] == metrics["kl_to_sft"][policy]
+    assert set(headline["sft"]) == {"gold", "gold_greedy", "kl"}  # no win rate over itself
+    for policy in POLICIES - {"sft"}:
+        pair = f"{policy}_vs_sft"
+        assert headline[policy] == {
+            "win": metrics["win_rate"]["gold"][pair],
+            "win_t": metrics["win_rate_best_temperature"]["gold"][pair],
+            "win_greedy": metrics["win_rate_greedy"]["gold"][pair],
+            "win_bon": metrics["win_rate_vs_best_of_n"]["gold"][policy],
+            "gold": metrics["gold_sampled"][policy],
+            "gold_greedy": metrics["gold_greedy"][policy],
+            "kl": metrics["kl_to_sft"][policy],
+        }
 
 
 def test_evaluation_agrees_with_the_ppo_stage_on_the_same_samples(trained_project):
@@ -180,7 +200,8 @@ def test_a_failed_report_leaves_the_previous_outputs(trained_project, tmp_path, 
     project = make_project(tmp_path / "p")
     for part in ("data", "artifacts", "metrics", "dvclive", "reports"):
         shutil.copytree(trained_project / part, project / part, dirs_exist_ok=True)
-    outputs = [project / "metrics/eval.json", project / "metrics/details/eval.json"]
+    outputs = [*project.glob("metrics/eval/*.json"), project / "metrics/details/eval.json"]
+    assert len(outputs) == len(POLICIES) + 1
     before = {
         path: path.read_bytes()
         for path in [*project.glob("reports/**/*"), *outputs]

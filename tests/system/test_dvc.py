@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,17 @@ from conftest import (
     write_params,
 )
 
-EXP_SHOW = ["--only-changed", "--drop", "(artifacts|data)(/|$)"]  # as the README shows it
+TERMINAL = clean_env() | {"COLUMNS": "120"}  # the width the README's tables must fit
+
+
+def readme_exp_show() -> list[str]:
+    """The README's `dvc exp show` recipe, as a user copies it."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    return shlex.split(next(ln for ln in lines if ln.startswith("dvc exp show ")), comments=True)
+
+
+def width(shown: str) -> int:
+    return max(len(line) for line in shown.splitlines())
 
 
 def repro(project, *options: str) -> set[str]:
@@ -136,11 +147,11 @@ def test_changing_an_indirectly_imported_module_makes_every_stage_that_runs_it_s
 
 def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tmp_path):
     """An algorithm's own params rerun that algorithm and the evaluation only; DVC's views
-    show the headline numbers: `dvc metrics show` a few dozen columns, and `dvc exp show
-    --only-changed` (the README's way, without the outputs' hashes) the policy's numbers that
-    moved (its win rates over SFT and its baselines, gold scores, KL, best temperature) and
-    the param. On a copy of the project: the experiment stays in its workspace, and the other
-    tests find the project as trained."""
+    show the headline numbers that moved, that policy's, in a 120-column terminal: `dvc
+    metrics show` a row per file, and the README's `dvc exp show` recipe the changed param and
+    the numbers it keeps, also once every metric differs (another CPU's run). On a copy of the
+    project: the experiment stays in its workspace, and the other tests find the project as
+    trained."""
     project = tmp_path / "project"
     shutil.copytree(dvc_project, project)
     sh(["git", "add", "-A"], project)
@@ -148,19 +159,34 @@ def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tm
     out = sh(["dvc", "exp", "run", "-S", "ppo.kl_coef=0.0"], project)
     assert set(re.findall(r"Running stage '([\w@-]+)'", out)) == {"rl@ppo", "evaluate"}
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
-    assert set(diff) == {"metrics/eval.json"}  # an RL stage's own summary is a detail
-    changed = set(diff["metrics/eval.json"])
-    assert {"win_rate.gold.ppo_vs_sft", "gold_sampled.ppo", "kl_to_sft.ppo"} <= changed
-    assert all("ppo" in key for key in changed), changed  # SFT's, GRPO's and DPO's stay
-    rate = diff["metrics/eval.json"]["win_rate.gold.ppo_vs_sft"]
+    assert set(diff) == {"metrics/eval/ppo.json"}  # SFT's, GRPO's, DPO's and the RM's stay
+    assert {"win", "win_t", "gold", "kl"} <= set(diff["metrics/eval/ppo.json"])
+    rate = diff["metrics/eval/ppo.json"]["win"]
     assert rate["old"] != rate["new"]
-    columns = sh(["dvc", "metrics", "show"], project).splitlines()[0].split()
-    assert 30 <= len(columns) <= 60
-    wide = clean_env() | {"COLUMNS": "400"}
-    shown = sh(["dvc", "exp", "show", *EXP_SHOW, "--no-pager"], project, wide)
-    assert "…" not in shown
-    for column in [*changed, "ppo.kl_coef"]:
+
+    table = sh(["dvc", "metrics", "show"], project, TERMINAL)
+    assert width(table) <= 120, table
+    assert table.splitlines()[0].split() == [
+        "Path", "acc", "gold", "gold_greedy", "kl", "loss", "win", "win_bon", "win_greedy", "win_t"
+    ]  # fmt: skip
+    rows = [line.split()[0] for line in table.splitlines()[1:]]
+    policies = [f"metrics/eval/{p}.json" for p in ("dpo", "grpo", "ppo", "sft")]
+    assert sorted(rows) == sorted(["metrics/sft.json", "metrics/rm.json", "metrics/dpo.json",
+                                   *policies])  # fmt: skip
+    recipe = readme_exp_show()
+    shown = sh([*recipe, "--no-pager"], project, TERMINAL)
+    assert "…" not in shown and width(shown) <= 120, shown
+    for column in ("ppo.kl_coef", "metrics/eval/ppo.json:win_t", "metrics/rm.json:acc"):
         assert column in shown
+
+    for file in (project / "metrics").rglob("*.json"):  # another CPU: every number differs
+        if "details" not in file.parts:
+            numbers = json.loads(file.read_text())
+            file.write_text(json.dumps({k: v + 0.01 for k, v in numbers.items()}))
+    assert width(sh(["dvc", "metrics", "show"], project, TERMINAL)) <= 120
+    shown = sh([*recipe, "--no-pager"], project, TERMINAL)
+    assert "…" not in shown and width(shown) <= 120, shown
+    assert "ppo.kl_coef" in shown
 
 
 def dry_repro(project, overrides: dict) -> set[str]:
@@ -282,8 +308,8 @@ def test_at_the_same_threads_a_stage_writes_the_same_bytes_on_one_core_as_on_two
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert json.loads((project / "timings" / "rm.json").read_text())["threads"] == 2
-        outputs.append([(project / f).read_bytes() for f in ("artifacts/rm/model.pt",
-                                                             "metrics/rm.json")])  # fmt: skip
+        written = ("artifacts/rm/model.pt", "metrics/details/rm.json")
+        outputs.append([(project / f).read_bytes() for f in written])
     assert outputs[0] == outputs[1]
 
 

@@ -29,21 +29,14 @@ def test_a_spread_is_the_seeds_mean_and_sample_deviation_and_flags_what_leaves_i
 
 
 def test_the_compared_numbers_are_the_headline_ones_named_by_file():
-    metrics = {
-        "eval": {"win_rate": {"gold": {"ppo_vs_sft": 0.6}, "rm": {"ppo_vs_sft": 0.7}},
-                 "kl_to_sft": {"ppo": 1.1}, "by_task": {"ppo": {"add": {"kl_to_sft": 2.0}}}},
-        "rm": {"acc_gold": 0.8, "acc_gold_by_task": {"add": 0.6}},
-    }  # fmt: skip
-    assert compared_numbers(metrics) == {
-        "eval:win_rate.gold.ppo_vs_sft": 0.6, "eval:kl_to_sft.ppo": 1.1, "rm:acc_gold": 0.8,
-    }  # fmt: skip
+    metrics = {"eval/ppo": {"win": 0.6, "kl": 1.1, "other": 2.0}, "rm": {"acc": 0.8, "loss": 0.5}}
+    assert compared_numbers(metrics) == {"eval/ppo:win": 0.6, "eval/ppo:kl": 1.1, "rm:acc": 0.8}
     assert params_changed({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == ["b=2", "c=None"]
 
 
-def recorded(name: str, params: dict, win_rate: float, acc_gold: float) -> RecordedRun:
+def recorded(name: str, params: dict, win_rate: float, acc: float) -> RecordedRun:
     """A run of one commit as `recorded_runs` reads it, with two of the compared numbers."""
-    metrics = {"eval": {"win_rate": {"gold": {"ppo_vs_sft": win_rate}}},
-               "rm": {"acc_gold": acc_gold}}  # fmt: skip
+    metrics = {"eval/ppo": {"win": win_rate}, "rm": {"acc": acc}}
     return RecordedRun(name, "c0ffee", params, metrics)
 
 
@@ -75,12 +68,12 @@ def test_compare_marks_an_experiments_number_within_two_seed_deviations_and_one_
     table = CliRunner().invoke(app, ["compare"])
     assert table.exit_code == 0, table.output
     assert table.stdout.splitlines()[1:] == [
-        "eval:win_rate.gold.ppo_vs_sft\t0.540 ± 0.040 (0.500 – 0.580)\t0.610 ~",
-        "rm:acc_gold\t0.820 ± 0.020 (0.800 – 0.840)\t0.900 !",
+        "eval/ppo:win\t0.540 ± 0.040 (0.500 – 0.580)\t0.610 ~",
+        "rm:acc\t0.820 ± 0.020 (0.800 – 0.840)\t0.900 !",
     ]
     compared = json.loads(CliRunner().invoke(app, ["compare", "--json"]).stdout)
     assert compared["experiments"]["strong-kl"]["within_noise"] == {
-        "eval:win_rate.gold.ppo_vs_sft": True, "rm:acc_gold": False,
+        "eval/ppo:win": True, "rm:acc": False,
     }  # fmt: skip
 
 
@@ -92,11 +85,11 @@ def test_a_workspace_that_changed_params_is_compared_against_heads_seeds(monkeyp
     record(monkeypatch, runs, committed={"seed": 7, "ppo.kl_coef": 0.2})
     compared = json.loads(CliRunner().invoke(app, ["compare", "--json"]).stdout)
     assert sorted(compared["seeds"]) == ["7", "8", "9"]
-    assert compared["spread"]["rm:acc_gold"]["mean"] == pytest.approx(0.82)
+    assert compared["spread"]["rm:acc"]["mean"] == pytest.approx(0.82)
     assert compared["experiments"] == {"workspace": {
         "changes": ["ppo.kl_coef=0.5"],
-        "numbers": {"eval:win_rate.gold.ppo_vs_sft": 0.61, "rm:acc_gold": 0.90},
-        "within_noise": {"eval:win_rate.gold.ppo_vs_sft": True, "rm:acc_gold": False},
+        "numbers": {"eval/ppo:win": 0.61, "rm:acc": 0.90},
+        "within_noise": {"eval/ppo:win": True, "rm:acc": False},
     }}  # fmt: skip
     table = CliRunner().invoke(app, ["compare"])
     assert "spread is over 3 seeds of the params HEAD (c0ffee) commits" in table.stderr
@@ -133,9 +126,9 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     compared = json.loads(sh([*rlhf, "compare", "--json"], project))
 
     assert sorted(compared["seeds"]) == ["7", "8", "9"]
-    spread = compared["spread"]["eval:win_rate.gold.ppo_vs_sft"]
+    spread = compared["spread"]["eval/ppo:win"]
     assert spread["seeds"] == 3 and spread["std"] > 0 and spread["low"] < spread["high"]
-    wins = [numbers["eval:win_rate.gold.ppo_vs_sft"] for numbers in compared["seeds"].values()]
+    wins = [numbers["eval/ppo:win"] for numbers in compared["seeds"].values()]
     assert spread["mean"] == pytest.approx(sum(wins) / 3)
     experiment = compared["experiments"]["strong-kl"]
     assert experiment["changes"] == ["ppo.kl_coef=0.5"]

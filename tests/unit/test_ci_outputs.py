@@ -15,11 +15,11 @@ from rlhf.cpu import cpu_signature
 from conftest import REPO
 
 SPREAD = {
-    "eval:win_rate.gold.ppo_vs_sft": dict(mean=0.58, std=0.02, low=0.56, high=0.6, seeds=3),
-    "rm:acc_gold": dict(mean=0.85, std=0.03, low=0.81, high=0.88, seeds=3),
+    "eval/ppo:win": dict(mean=0.58, std=0.02, low=0.56, high=0.6, seeds=3),
+    "rm:acc": dict(mean=0.85, std=0.03, low=0.81, high=0.88, seeds=3),
 }
 GIT = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com"]
-COMMITTED = {"eval": {"win_rate": {"gold": {"ppo_vs_sft": 0.57}}}, "rm": {"acc_gold": 0.84}}
+COMMITTED = {"eval/ppo": {"win": 0.57}, "rm": {"acc": 0.84}}
 
 
 def write_json(path: Path, value: object) -> None:
@@ -35,6 +35,7 @@ def checkout(tmp_path: Path) -> Path:
         tmp_path / "docs/seeds.json", {"seeds": {"1": {}, "2": {}, "3": {}}, "spread": SPREAD}
     )
     write_json(tmp_path / "docs/committed-cpu.json", cpu_signature())
+    (tmp_path / "params.yaml").write_text("rl_algorithms: [ppo]\n")
     for name, metrics in COMMITTED.items():
         write_json(tmp_path / f"metrics/{name}.json", metrics)
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "outputs"]):
@@ -59,7 +60,7 @@ def check(capsys):
 
 def rerun(root: Path, win_rate: float) -> None:
     """The README's run wrote this win rate over SFT."""
-    write_json(root / "metrics/eval.json", {"win_rate": {"gold": {"ppo_vs_sft": win_rate}}})
+    write_json(root / "metrics/eval/ppo.json", {"win": win_rate})
 
 
 def made_elsewhere(root: Path) -> None:
@@ -73,7 +74,7 @@ def test_the_committed_cpu_checks_bytes(checkout, check):
     assert status == 0 and "outputs check: bytes" in out
     rerun(checkout, 0.5701)  # a last-digit change fails it
     status, _, err = check(checkout)
-    assert status == 1 and "changed:  M metrics/eval.json" in err
+    assert status == 1 and "changed:  M metrics/eval/ppo.json" in err
 
 
 def test_another_cpu_checks_the_seed_spread_and_restores_the_committed_files(checkout, check):
@@ -82,7 +83,7 @@ def test_another_cpu_checks_the_seed_spread_and_restores_the_committed_files(che
     status, out, err = check(checkout)
     assert status == 0, err
     assert "outputs check: seed spread" in out and "vendor GenuineIntel" in out
-    assert json.loads((checkout / "metrics/eval.json").read_text()) == COMMITTED["eval"]
+    assert json.loads((checkout / "metrics/eval/ppo.json").read_text()) == COMMITTED["eval/ppo"]
 
 
 @pytest.mark.parametrize("win_rate", [0.49, 0.67])
@@ -91,8 +92,8 @@ def test_another_cpu_fails_a_number_outside_the_spread(checkout, check, win_rate
     rerun(checkout, win_rate)
     status, _, err = check(checkout)
     assert status == 1
-    assert f"eval:win_rate.gold.ppo_vs_sft: {win_rate:.4f} outside 0.5000 – 0.6600" in err
-    assert "rm:acc_gold" not in err
+    assert f"eval/ppo:win: {win_rate:.4f} outside 0.5000 – 0.6600" in err
+    assert "rm:acc" not in err
 
 
 def test_the_committed_outputs_name_the_cpu_that_made_them():
@@ -109,8 +110,8 @@ def test_rlhf_reproduced_is_the_same_check(checkout, monkeypatch):
     result = CliRunner().invoke(app, ["reproduced"])
     assert result.exit_code == 0, result.output
     assert "checking the seed spread (the committed outputs come from another CPU" in result.stderr
-    assert "eval:win_rate.gold.ppo_vs_sft" in result.stdout and "0.6200" in result.stdout
+    assert "eval/ppo:win" in result.stdout and "0.6200" in result.stdout
     rerun(checkout, 0.49)
     result = CliRunner().invoke(app, ["reproduced"])
     assert result.exit_code == 1
-    assert "eval:win_rate.gold.ppo_vs_sft: 0.4900 outside 0.5000 – 0.6600" in result.stderr
+    assert "eval/ppo:win: 0.4900 outside 0.5000 – 0.6600" in result.stderr

@@ -82,19 +82,14 @@ def compared_runs(runs: dict[str, dict[str, float]]) -> dict:
 def seed_numbers(ppo_best: float, dpo_best: float, greedy: float, acc: float) -> dict:
     """One seed of the new evaluation: GRPO's baselines left unmeasured."""
     return {
-        "eval:win_rate.gold.ppo_vs_sft": 0.58, "eval:win_rate.gold.dpo_vs_sft": 0.57,
-        "eval:win_rate.gold.grpo_vs_sft": 0.55,
-        "eval:win_rate_best_temperature.gold.ppo_vs_sft": ppo_best,
-        "eval:win_rate_best_temperature.gold.dpo_vs_sft": dpo_best,
-        "eval:win_rate_greedy.gold.ppo_vs_sft": greedy,
-        "eval:win_rate_greedy.gold.dpo_vs_sft": greedy - 0.1,
-        "eval:win_rate_vs_best_of_n.gold.ppo": 0.52, "eval:win_rate_vs_best_of_n.gold.dpo": 0.45,
-        "eval:gold_sampled.sft": 0.6, "eval:gold_sampled.ppo": 0.7,
-        "eval:gold_greedy.sft": 0.8, "eval:gold_greedy.ppo": 0.82,
-        "eval:best_temperature.sft": 0.7, "eval:best_temperature.ppo": 1.0,
-        "eval:kl_to_sft.sft": 0.0, "eval:kl_to_sft.ppo": 0.8 + 10 * (acc - 0.9),
-        "eval:kl_to_sft.dpo": 0.4,
-        "eval:kl_to_sft.grpo": 0.9, "rm:acc_gold": acc,
+        "eval/ppo:win": 0.58, "eval/dpo:win": 0.57, "eval/grpo:win": 0.55,
+        "eval/ppo:win_t": ppo_best, "eval/dpo:win_t": dpo_best,
+        "eval/ppo:win_greedy": greedy, "eval/dpo:win_greedy": greedy - 0.1,
+        "eval/ppo:win_bon": 0.52, "eval/dpo:win_bon": 0.45,
+        "eval/sft:gold": 0.6, "eval/ppo:gold": 0.7,
+        "eval/sft:gold_greedy": 0.8, "eval/ppo:gold_greedy": 0.82,
+        "eval/sft:kl": 0.0, "eval/ppo:kl": 0.8 + 10 * (acc - 0.9), "eval/dpo:kl": 0.4,
+        "eval/grpo:kl": 0.9, "rm:acc": acc,
     }  # fmt: skip
 
 
@@ -105,10 +100,10 @@ NEW_SEEDS = compared_runs(
         "1234": seed_numbers(0.62, 0.64, 0.57, 0.91),
     }
 )
-OLD_KEYS = ("eval:win_rate.", "eval:gold_sampled.", "eval:kl_to_sft.", "rm:")
+OLD_KEYS = (":win", ":gold", ":kl", "rm:acc")
 OLD_SEEDS = compared_runs(  # what `rlhf compare` compared before the baselines were measured
     {
-        seed: {k: v for k, v in seed_numbers(0.6, 0.6, 0.6, acc).items() if k.startswith(OLD_KEYS)}
+        seed: {k: v for k, v in seed_numbers(0.6, 0.6, 0.6, acc).items() if k.endswith(OLD_KEYS)}
         for seed, acc in (("1", 0.85), ("2", 0.88))
     }
 )
@@ -205,7 +200,7 @@ def test_claims_say_who_wins_at_every_seed_and_with_the_whole_committed_interval
     best_of_n = "Against best-of-n of SFT at the nearest KL.** At seeds 1, 2, 1234, above 0.5"
     assert f"{best_of_n} at each: PPO (0.520, 0.520, 0.520); not: DPO (0.450, 0.450" in claims
     assert "**KL to SFT** varies most between seeds for PPO: 0.800 to 1.000 nats" in claims
-    same_kl = {"seeds": {}, "spread": {"eval:kl_to_sft.ppo": {"std": 0.0}}}
+    same_kl = {"seeds": {}, "spread": {"eval/ppo:kl": {"std": 0.0}}}
     assert "KL to SFT" not in "".join(results.claims_markdown(same_kl, EVALUATION, 1234))
 
 

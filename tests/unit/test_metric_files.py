@@ -1,15 +1,19 @@
-"""What DVC's metrics views show: each stage's headline keys in metrics/NAME.json, the rest in
-metrics/details/NAME.json, merged back exactly for the report."""
+"""What DVC's metrics views show: each stage's headline numbers under short keys in
+metrics/NAME.json (evaluate: one file per policy), everything it measured, those included, in
+metrics/details/NAME.json for the report."""
 
 import json
 
-from rlhf.eval.seeds import compared_numbers
+from rlhf.eval.seeds import compared_files, compared_numbers
 from rlhf.stages import evaluate, rm
-from rlhf.stages.support.metric_files import merged, read_metrics, split
+from rlhf.stages.support.metric_files import headline_view, read_metrics
+
+from conftest import REPO, clean_env, sh
 
 EVALUATION = {
     "prompts": 40,
     "gold_sampled": {"sft": 0.5, "ppo": 0.6},
+    "gold_greedy": {"sft": 0.8, "ppo": 0.7},
     "kl_to_sft": {"sft": 0.0, "ppo": 0.8},
     "win_rate": {
         "gold": {"ppo_vs_sft": 0.58, "dpo_vs_ppo": 0.49},
@@ -20,56 +24,50 @@ EVALUATION = {
 }
 
 
-def test_headline_keys_go_to_the_metrics_file_and_the_rest_to_details():
-    shown, details = split(EVALUATION, evaluate.SPEC.headline)
-    assert shown == {
-        "gold_sampled": {"sft": 0.5, "ppo": 0.6},
-        "kl_to_sft": {"sft": 0.0, "ppo": 0.8},
-        "win_rate": {"gold": {"ppo_vs_sft": 0.58}},  # over SFT only: one column per policy
-    }
-    assert details["win_rate"] == {"gold": {"dpo_vs_ppo": 0.49}, "rm": {"ppo_vs_sft": 0.66}}
-    assert "gold_sampled" not in details and details["prompts"] == 40
-    assert merged(shown, details) == EVALUATION
+def ppo_view(measured):
+    return headline_view(measured, evaluate.SPEC.headline, policy="ppo")
 
 
-def test_a_headline_key_a_run_did_not_measure_is_left_out():
-    shown, details = split({"kl_to_sft": {"ppo": 0.8}, "prompts": 4}, evaluate.SPEC.headline)
-    assert shown == {"kl_to_sft": {"ppo": 0.8}} and details == {"prompts": 4}
-
-
-def test_reading_merges_both_files_and_takes_either_alone(tmp_path):
-    (tmp_path / "metrics" / "details").mkdir(parents=True)
-    shown, details = split(EVALUATION, evaluate.SPEC.headline)
-    (tmp_path / "metrics" / "eval.json").write_text(json.dumps(shown))
-    (tmp_path / "metrics" / "details" / "eval.json").write_text(json.dumps(details))
-    assert read_metrics("eval", tmp_path) == EVALUATION
-    (tmp_path / "metrics" / "details" / "ppo.json").write_text('{"score": 0.2}')
-    assert read_metrics("ppo", tmp_path) == {"score": 0.2}  # an RL stage's are all details
-
-
-def test_rlhf_compare_compares_headline_numbers_only():
-    """`rlhf compare` reads recorded runs from git, where only the headline files are."""
-    full = {"eval": EVALUATION, "rm": {"acc_gold": 0.8, "acc_gold_by_task": {"add": 0.6}}}
-    headline = {
-        "eval": split(EVALUATION, evaluate.SPEC.headline)[0],
-        "rm": split(full["rm"], rm.SPEC.headline)[0],
-    }
-    assert compared_numbers(headline) == compared_numbers(full)
-    assert set(compared_numbers(full)) == {
-        "eval:gold_sampled.sft", "eval:gold_sampled.ppo", "eval:kl_to_sft.sft",
-        "eval:kl_to_sft.ppo", "eval:win_rate.gold.ppo_vs_sft", "rm:acc_gold",
-    }  # fmt: skip
+def test_a_policys_headline_numbers_go_under_short_keys():
+    assert ppo_view(EVALUATION) == {"win": 0.58, "gold": 0.6, "gold_greedy": 0.7, "kl": 0.8}
+    sft = headline_view(EVALUATION, evaluate.SPEC.headline, policy="sft")
+    assert sft == {"gold": 0.5, "gold_greedy": 0.8, "kl": 0.0}  # no win rate over itself
 
 
 def test_off_the_task_suite_the_reward_models_win_rates_are_headline():
-    """Without a gold judge (your own data) the headline win rates are the reward model's;
-    an empty breakdown the stage wrote stays in the details as written."""
-    measured = {
-        "win_rate": {"rm": {"ppo_vs_sft": 0.6, "dpo_vs_ppo": 0.5}, "hf:judge": {"ppo_vs_sft": 0.7}},
-        "kl_to_sft": {"ppo": 1.0},
-        "by_task": {},
-    }
-    shown, details = split(measured, evaluate.SPEC.headline)
-    assert shown == {"win_rate": {"rm": {"ppo_vs_sft": 0.6}}, "kl_to_sft": {"ppo": 1.0}}
-    assert details["by_task"] == {} and details["win_rate"]["hf:judge"] == {"ppo_vs_sft": 0.7}
-    assert merged(shown, details) == measured
+    """Without a gold judge (your own data) `win` is the reward model's; without gold scores
+    the reward model's accuracy is on the pairs' own labels."""
+    measured = {"win_rate": {"rm": {"ppo_vs_sft": 0.6}, "hf:judge": {"ppo_vs_sft": 0.7}}}
+    assert ppo_view(measured) == {"win": 0.6}
+    assert headline_view({"acc_gold": None, "acc_noisy": 0.7}, rm.SPEC.headline) == {"acc": 0.7}
+    trained = {"acc_gold": 0.8, "acc_noisy": 0.6, "val_loss": 0.5, "steps": 9}
+    assert headline_view(trained, rm.SPEC.headline) == {"acc": 0.8, "loss": 0.5}
+
+
+def test_the_details_file_holds_everything(tmp_path):
+    (tmp_path / "metrics" / "details").mkdir(parents=True)
+    (tmp_path / "metrics" / "details" / "eval.json").write_text(json.dumps(EVALUATION))
+    assert read_metrics("eval", tmp_path) == EVALUATION
+
+
+def test_rlhf_compare_reads_each_policys_file_and_the_reward_models():
+    """`rlhf compare` reads recorded runs from git, where only the headline files are."""
+    assert compared_files(["ppo"]) == ["eval/sft", "eval/ppo", "eval/dpo", "rm"]
+    files = {"eval/sft": {"gold": 0.5, "kl": 0.0}, "eval/ppo": ppo_view(EVALUATION)}
+    files["rm"] = {"acc": 0.8, "loss": 0.5}
+    assert compared_numbers(files) == {
+        "eval/sft:gold": 0.5, "eval/sft:kl": 0.0, "eval/ppo:win": 0.58, "eval/ppo:gold": 0.6,
+        "eval/ppo:gold_greedy": 0.7, "eval/ppo:kl": 0.8, "rm:acc": 0.8,
+    }  # fmt: skip
+
+
+def test_the_default_runs_dvc_metrics_show_fits_a_120_column_terminal():
+    """The committed run's headline numbers, as the README's `dvc metrics show` prints them: a
+    row per file, a column per short key."""
+    shown = sh(["dvc", "metrics", "show"], REPO, clean_env() | {"COLUMNS": "120"})
+    assert max(len(line) for line in shown.splitlines()) <= 120, shown
+    rows = [line.split()[0] for line in shown.splitlines()[1:]]
+    policies = [f"metrics/eval/{p}.json" for p in ("sft", "ppo", "grpo", "dpo")]  # the default's
+    assert sorted(rows) == sorted(
+        ["metrics/sft.json", "metrics/rm.json", "metrics/dpo.json", *policies]
+    )

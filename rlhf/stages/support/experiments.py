@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from rlhf.errors import PipelineError
-from rlhf.eval.seeds import COMPARED, compared_numbers, params_changed
+from rlhf.eval.seeds import compared_files, compared_numbers, params_changed
 from rlhf.eval.summary import flattened
 from rlhf.params import ParamsError, parse_params
 from rlhf.stages.support import paths
@@ -61,8 +61,9 @@ def recorded_runs(root: Path) -> list[RecordedRun]:
 
 def read_run(read: Callable[[Path], str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The params in effect and the compared metrics files, through `read(path) -> text`."""
-    metrics = {name: json.loads(read(paths.metrics_file(name))) for name in COMPARED}
-    return read_params(read), metrics
+    params = read_params(read)
+    names = compared_files(params.get("rl_algorithms", ()))
+    return params, {name: json.loads(read(paths.metrics_file(name))) for name in names}
 
 
 def read_params(read: Callable[[Path], str]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ first clears what a killed run of it left half-written.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,7 +17,7 @@ from rlhf.atomic import Publication, publication, remove_stale, write_csv, write
 from rlhf.errors import OutputError, PipelineError
 from rlhf.locks import try_lock
 from rlhf.stages.support import paths
-from rlhf.stages.support.metric_files import split
+from rlhf.stages.support.metric_files import headline_view
 from rlhf.stages.support.specs import StageSpec
 
 
@@ -70,16 +70,23 @@ def published(spec: StageSpec) -> Iterator[Publication]:
             raise OutputError(f"stage {spec.address} wrote no {', '.join(missing)}")
 
 
-def write_metrics(out: Publication, spec: StageSpec, metrics: dict[str, Any]) -> None:
-    """What a stage measured: its headline keys to its metrics file, the rest to its details
-    file (`metric_files.py`)."""
-    shown, details = split(metrics, spec.headline)
+def write_metrics(
+    out: Publication, spec: StageSpec, metrics: dict[str, Any], policies: Sequence[str] = ()
+) -> None:
+    """What a stage measured: all of it to its details file, its headline numbers under their
+    short keys to its metrics file, or with `policies` to one file per policy in its metrics
+    folder (`metric_files.py`)."""
+    if spec.details is None:
+        raise OutputError(f"stage {spec.address} declares no details file for {sorted(metrics)}")
+    write_json(out[spec.details], metrics)
     for target in spec.metrics:
-        write_json(out[target], shown)
-    if spec.details:
-        write_json(out[spec.details], details)
-    elif details:
-        raise OutputError(f"stage {spec.address} declares no details file for {sorted(details)}")
+        if not policies:
+            write_json(out[target], headline_view(metrics, spec.headline))
+            continue
+        out[target].mkdir()
+        for policy in policies:
+            shown = headline_view(metrics, spec.headline, policy=policy)
+            write_json(out[target] / f"{policy}.json", shown)
 
 
 def write_timings(

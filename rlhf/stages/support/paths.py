@@ -79,7 +79,7 @@ def snapshots_dir(algorithm: str) -> Path:
 
 SFT_MODEL = model_file("sft")
 RM_MODEL = model_file("rm")
-EVAL_METRICS = metrics_file("eval")
+EVAL_METRICS = METRICS / "eval"  # metrics/eval/<policy>.json, one per policy
 EVAL_CURVE = METRICS / "eval_overoptimization.csv"
 
 # collect.labeler: human. The queue is rewritten only when the sampled answers change; the

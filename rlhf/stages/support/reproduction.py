@@ -22,13 +22,11 @@ from pathlib import Path
 
 from rlhf.cpu import cpu_signature
 from rlhf.errors import OutputError
-from rlhf.eval.seeds import COMPARED, OTHER_CPU_STDS, Spread, compared_numbers
-from rlhf.stages.support import paths
+from rlhf.eval.seeds import OTHER_CPU_STDS, Spread, compared_numbers
+from rlhf.stages.support.experiments import read_run
 
 COMMITTED_CPU = Path("docs/committed-cpu.json")  # the CPU the committed outputs come from
 SEEDS = Path("docs/seeds.json")  # `rlhf compare --json` of the default at several seeds
-# numbers a run chooses among a few values rather than measures: no band around them
-CHOSEN = ("eval:best_temperature.",)
 BYTES, SEED_SPREAD = "bytes", "seed spread"
 
 
@@ -71,8 +69,6 @@ def out_of_spread(numbers: dict[str, float], spread: dict[str, Spread]) -> list[
     """A line for each committed headline number this run lacks or puts outside its band."""
     failures = []
     for key, s in spread.items():
-        if key.startswith(CHOSEN):
-            continue
         low, high = s.band()
         value = numbers.get(key)
         if value is None:
@@ -87,8 +83,10 @@ def spread_table(root: Path) -> tuple[list[str], list[str]]:
     table's lines, and the numbers outside."""
     committed = json.loads((root / SEEDS).read_text())
     spread = {key: Spread(**value) for key, value in committed["spread"].items()}
-    metrics = {name: json.loads((root / paths.metrics_file(name)).read_text()) for name in COMPARED}
-    numbers = compared_numbers(metrics)
+    _, metrics = read_run(
+        lambda path: (root / path).read_text() if (root / path).exists() else "{}"
+    )
+    numbers = compared_numbers(metrics)  # a file the run lacks: each of its numbers missing
     seeds = len(committed["seeds"])
     lines = [f"{'number':<40} {'this run':>9}  band ({seeds} seeds' mean ± {OTHER_CPU_STDS:g} std)"]
     for key, s in spread.items():

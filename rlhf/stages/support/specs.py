@@ -10,7 +10,8 @@ mixes runs that DVC would tell apart. The RL stage is one declaration run once p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlhf.stages.support import paths
@@ -28,9 +29,10 @@ class StageSpec:
     metrics: tuple[Path, ...] = ()
     # what dvc.yaml's top-level plots draw: a curves folder, a CSV (`titled_plots.py`)
     plots: tuple[Path, ...] = ()
-    # what it measured: the `headline` keys (dotted, the last part a glob) to its metrics file,
-    # what DVC's views show; the rest to `details` (`metric_files.py`)
-    headline: tuple[str, ...] = ()
+    # what it measured: all of it to `details`; the numbers `headline` names (short key ->
+    # dotted path) to its metrics file under those keys, what DVC's views show
+    # (`metric_files.py`)
+    headline: Mapping[str, str] = field(default_factory=dict)
     details: Path | None = None
     foreach: str | None = None  # params list the stage runs once per element of
     item: str | None = None  # that element, once filled in
@@ -81,7 +83,12 @@ class StageSpec:
         )
 
 
-def trained_outputs(name: str, headline: tuple[str, ...]) -> dict[str, tuple]:
+# a trained model's headline: its validation loss and its accuracy on the validation pairs,
+# by the gold judge where there is one (the task suite), else by the pairs' own labels
+MODEL_HEADLINE = {"acc": "acc_gold|acc_noisy", "loss": "val_loss"}
+
+
+def trained_outputs(name: str, headline: Mapping[str, str]) -> dict[str, object]:
     """Outputs of a stage trained by the shared loop: model, metrics (`headline` shown by
     DVC) and training curves (StageSpec keyword arguments)."""
     return {
