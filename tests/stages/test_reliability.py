@@ -289,7 +289,7 @@ def test_unwritable_metrics_leave_every_output_of_the_stage_as_it_was(trained_pr
         cwd=project, env=clean_env(), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2
-    one_error_line(result.stderr, "metrics/rm", "cannot write there")
+    one_error_line(result.stderr, "metrics/details/rm.json", "cannot write there")
     live = project / ".rlhf" / "live" / "rm" / "plots" / "metrics"
     assert (live / "train_loss.tsv").is_file()  # the failed run's curves, kept to look at
     shutil.rmtree(project / ".rlhf" / "live")
