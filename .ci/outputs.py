@@ -3,7 +3,7 @@
     python .ci/outputs.py record   # after committing outputs: this CPU made them
     python .ci/outputs.py check    # after the README's run: bytes, or the seed spread
 
-The check is `rlhf reproduced`'s (`rlhf.stages.support.reproduction`): on the CPU that made the
+The check is `rlhf reproduced`'s (`rlhf.project.reproduction`): on the CPU that made the
 committed outputs (docs/committed-cpu.json) the run must leave every file git tracks as it is;
 on any other, every headline number must lie within the committed seeds' band, and then the
 committed files are restored, so the tests read what was committed.
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from rlhf.cpu import cpu_signature  # noqa: E402
-from rlhf.stages.support import reproduction  # noqa: E402
+from rlhf.project import reproduction  # noqa: E402
 
 
 def check(root: Path) -> int:

@@ -53,8 +53,8 @@ pytest_for() {  # pytest_for LOG SECONDS ARGS...: the suite's way, its summary o
 
 cuda() {
     local deadline=$((SECONDS + limit)) failed=0
-    pytest_for "$out/cuda_tests.log" $((limit / 3)) -n 4 tests/unit/test_cuda.py \
-        tests/stages/test_dpo.py tests/unit/test_checkpoint.py || failed=1
+    pytest_for "$out/cuda_tests.log" $((limit / 3)) -n 4 tests/gpu/test_cuda.py \
+        tests/stages/test_dpo.py tests/unit/models/test_checkpoint.py || failed=1
     RLHF_TEST_DEVICE=cuda pytest_for "$out/stages_on_cuda.log" $((deadline - SECONDS)) -n 4 \
         tests/stages/test_sft.py tests/stages/test_rm_stage.py tests/stages/test_rl_stage.py \
         tests/stages/test_evaluate_stage.py || failed=1
@@ -65,7 +65,7 @@ suite() {
     # test_docker builds the production image's environment from the package index, with the
     # development machine's tools (hadolint): a host without an index cannot
     pytest_for "$out/suite_cpu.log" "$limit" -n $(( $(nproc) / 2 )) \
-        --ignore tests/system/test_docker.py --ignore tests/unit/test_cuda.py
+        --ignore tests/system/test_docker.py --ignore tests/gpu/test_cuda.py
 }
 
 bench() {  # bench [quick]: quick samples less (bf16 rollouts only, fewer steps and repeats)
@@ -107,7 +107,7 @@ new_profile() {  # a project of its own: the code and the profile's params, move
     cp "$profile_params" "$staging/params.yaml" || return 1
     (
         cd "$staging" || exit 1
-        python3 -m rlhf.stages.support.dvcfile > /dev/null || exit 1  # its RL stages
+        python3 -m rlhf.dvcfile > /dev/null || exit 1  # its RL stages
         if command -v git > /dev/null; then
             git init -q && git add -A \
                 && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "the GPU profile"

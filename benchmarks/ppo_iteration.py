@@ -29,10 +29,10 @@ from gpt2_shape import SHAPE_OPTION, SHAPES, random_gpt2_folder
 from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import RLTrainer
 from rlhf.algorithms.scorers import RewardModelScorer
-from rlhf.data.tokenizer import pretrained_tokenizer
 from rlhf.models.backbone import Backbone, freeze
 from rlhf.models.hf import load_folder
-from rlhf.params import PPOParams, RLParams
+from rlhf.params.groups import PPOParams, RLParams
+from rlhf.tokenizer.tokenizer import pretrained_tokenizer
 
 PROMPTS, MINIBATCH, EPOCHS = 64, 16, 4
 TARGET_ITERATION_S, TARGET_UPDATE_TOKENS_PER_S = 0.8, 150_000

@@ -25,9 +25,9 @@ from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import RLTrainer
 from rlhf.algorithms.rules import contains_number
 from rlhf.algorithms.scorers import RuleScorer
-from rlhf.data.tokenizer import save_tokenizer
 from rlhf.models.gpt import GPT, GPTConfig
-from rlhf.params import CriticParams, RLParams
+from rlhf.params.groups import CriticParams, RLParams
+from rlhf.tokenizer.tokenizer import save_tokenizer
 
 ITERATIONS = 5
 TARGET_S = 1.5  # PPO on 2 threads: the seed notebook's target

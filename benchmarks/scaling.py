@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from common import setup, write_result
 
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.project.metric_files import read_metrics
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 INPUTS = ("data/prepared", "data/collected", "artifacts/tokenizer", "artifacts/sft", "artifacts/rm")

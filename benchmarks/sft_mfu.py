@@ -35,9 +35,9 @@ from common import DEVICE_OPTION, device_name, setup, synchronize, write_result
 from gpt2_shape import SHAPE_OPTION, SHAPES, Shape, random_gpt2_folder
 
 from rlhf.algorithms import sft
-from rlhf.data.chat import Example
 from rlhf.models.hf import load_folder
-from rlhf.params import SFTParams
+from rlhf.params.groups import SFTParams
+from rlhf.tokenizer.chat import Example
 from rlhf.train.loop import Callbacks, Objective, ResumeFile, fit
 
 TARGET_MFU = 0.48  # of the measured peak, by train.compile's CUDA default

@@ -111,7 +111,7 @@ def params_groups() -> dict[str, list[tuple[str, str, Any]]]:
 def params_page() -> str:
     """docs/params.md: a table per params group."""
     lines = [
-        NOTICE.format(source="the params schema, rlhf/params.py"),
+        NOTICE.format(source="the params schema, rlhf/params/"),
         "",
         "# Params reference",
         "",

@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from rlhf.eval.report import GOLD_DROP, ROW_LABELS, policies_table, win_rates_table  # noqa: E402
 from rlhf.eval.seeds import POLICY_FILE, compared_numbers  # noqa: E402
+from rlhf.project import paths  # noqa: E402
+from rlhf.project.experiments import read_run  # noqa: E402
+from rlhf.project.metric_files import read_metrics  # noqa: E402
 from rlhf.reward_sources import REWARD_MODEL  # noqa: E402
 from rlhf.stages.evaluate import SPEC as EVALUATE  # noqa: E402
-from rlhf.stages.support import paths  # noqa: E402
-from rlhf.stages.support.experiments import read_run  # noqa: E402
-from rlhf.stages.support.metric_files import read_metrics  # noqa: E402
 
 README, RESULTS_PAGE = ROOT / "README.md", ROOT / "docs" / "results.md"
 # the committed run's report figures the results page shows: copied beside it, since the

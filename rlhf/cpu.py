@@ -6,8 +6,6 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-import torch
-
 # /proc/cpuinfo flags of the instructions float kernels are built from (x86-64 names)
 VECTOR_FLAGS = ("avx", "amx", "fma", "f16c", "sse4")
 
@@ -18,6 +16,8 @@ def cpu_signature() -> dict[str, str]:
     (AVX2 and AVX-512 kernels sum in different orders; two chips both named "AMD EPYC" can
     differ there) and which of them torch dispatches to, the machine and torch's version. Two
     runs with equal signatures write the same bytes."""
+    import torch  # here, so that what only names the committed CPU (rlhf.project) loads no torch
+
     info: dict[str, str] = {}
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():  # Linux; elsewhere platform.processor() names the CPU

@@ -16,10 +16,10 @@ import pytest
 import torch
 import yaml
 
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.project.metric_files import read_metrics
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 

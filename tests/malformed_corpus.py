@@ -44,7 +44,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rlhf.stages.support.dvcfile import declared_stages
+from rlhf.dvcfile import declared_stages
 
 from conftest import (
     clean_env,

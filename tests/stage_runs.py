@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.project.metric_files import read_metrics
 from rlhf.train.curves import read_curve
 
 from conftest import clean_env, make_project

@@ -18,7 +18,7 @@ from torch import Tensor
 from rlhf.data.batching import SequenceBatch, sequence_batch
 from rlhf.data.comparisons import EncodedGroup, ranking_pairs
 from rlhf.models.backbone import Backbone
-from rlhf.params import DPOParams
+from rlhf.params.groups import DPOParams
 from rlhf.sampling.forward import response_forward
 from rlhf.train.device import autocast
 

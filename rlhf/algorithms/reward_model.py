@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlhf.data.batching import SequenceBatch, sequence_batch
-from rlhf.data.chat import encode_example
 from rlhf.data.comparisons import EncodedGroup, Pairs, ranking_pairs
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
 from rlhf.models.packing import packed_hidden_states
+from rlhf.tokenizer.chat import encode_example
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 
 def ranking_loss(rewards: Tensor, pairs: Pairs) -> Tensor:

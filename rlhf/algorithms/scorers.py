@@ -20,10 +20,10 @@ from torch import Tensor
 
 from rlhf.algorithms.reward_model import score
 from rlhf.algorithms.rules import PAIR_RULES, RULES
-from rlhf.data.tokenizer import Tokenizer, pretrained_tokenizer
 from rlhf.models import checkpoint, hf, registry
 from rlhf.models.backbone import Backbone, freeze
 from rlhf.reward_sources import Source
+from rlhf.tokenizer.tokenizer import Tokenizer, pretrained_tokenizer
 
 Scorer = Callable[[Sequence[str], Sequence[str]], Tensor]  # prompts, answers -> [B] scores
 # prompts, first answers, second answers -> [B] verdicts in {0, 0.5, 1}

@@ -8,8 +8,8 @@ import torch
 
 from rlhf.algorithms.lm_loss import chunk_terms, compiled_chunk_terms, linear_cross_entropy
 from rlhf.data.batching import IGNORE_INDEX, collate
-from rlhf.data.chat import Example
 from rlhf.models.backbone import Backbone
+from rlhf.tokenizer.chat import Example
 
 
 def masked_lm_loss(model: Backbone, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlhf.data.template_sandbox import TemplateFailure, render
 from rlhf.errors import CheckpointError, PipelineError
 from rlhf.models.hf_weights import check_files
+from rlhf.tokenizer.template_sandbox import TemplateFailure, render
 
 HF_EXTRA = "pip install -c constraints.txt -e '.[hf]'"
 UNBOUNDED_LENGTH = 10**9  # tokenizers without a length limit report a huge sentinel

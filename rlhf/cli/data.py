@@ -15,8 +15,9 @@ from rich.console import Console
 from rlhf.cli.app import command
 from rlhf.data.import_formats import FORMATS
 from rlhf.errors import OptionError, OutputError, PipelineError
-from rlhf.params import DataParams, load_params
-from rlhf.stages.support import paths
+from rlhf.params import load_params
+from rlhf.params.groups import DataParams
+from rlhf.project import paths
 from rlhf.stages.support.common import console
 
 ImportKind = Enum("ImportKind", {name: name for name in FORMATS}, type=str)

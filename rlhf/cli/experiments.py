@@ -12,8 +12,9 @@ import typer
 
 from rlhf.cli.app import command, results, show_rows
 from rlhf.errors import OptionError
-from rlhf.params import describe, lookup, parse_params
-from rlhf.stages.support import paths
+from rlhf.params import describe, parse_params
+from rlhf.params.schema import lookup
+from rlhf.project import paths
 from rlhf.stages.support.common import console
 from rlhf.stages.support.entry import print_error
 
@@ -28,7 +29,7 @@ def seeds(
 ) -> None:
     """Run the pipeline at each seed as a DVC experiment (`dvc exp run --temp -S seed=N`, one
     after the other, the workspace left as it is), then compare them (`rlhf compare`)."""
-    from rlhf.stages.support.overrides import with_overrides
+    from rlhf.project.overrides import with_overrides
 
     overrides = set_params or []
     # ++: set where params.yaml leaves the seed at its default too
@@ -49,7 +50,7 @@ def warn_of_uncommitted_params(root: Path) -> None:
     """A line when params.yaml is not HEAD's: its seeds are then a variant's, which `rlhf
     compare` reads against the spread of HEAD's params, not as that spread."""
     from rlhf.eval.seeds import params_changed
-    from rlhf.stages.support.experiments import committed_params, read_params
+    from rlhf.project.experiments import committed_params, read_params
 
     changed = params_changed(read_params(lambda path: (root / path).read_text()),
                              committed_params(root))  # fmt: skip
@@ -69,7 +70,7 @@ def compare(
     standard deviations of that mean (noise), `!` when outside. A workspace whose params.yaml
     differs from HEAD's (`dvc exp run -S` without `--temp`) is one of those other runs."""
     from rlhf.eval.seeds import NOISE_STDS, spreads
-    from rlhf.stages.support.experiments import committed_params, recorded_runs, split_by_seed
+    from rlhf.project.experiments import committed_params, recorded_runs, split_by_seed
 
     root = Path.cwd()
     runs = recorded_runs(root)
@@ -135,7 +136,7 @@ def show_params(
 ) -> None:
     """Every hyperparameter: its value (params.yaml with the overrides), its default and what
     it does; tab-separated lines when the output is not a terminal, for grep."""
-    from rlhf.stages.support.overrides import with_overrides
+    from rlhf.project.overrides import with_overrides
 
     overrides = set_params or []
     if paths.PARAMS.exists():
@@ -163,7 +164,7 @@ def reproduced() -> None:
     other, where float rounding makes the run another seed's in effect, every headline number
     must lie within the committed seed spread (docs/seeds.json). CI runs the same check.
     Exit status 1 when it fails, with a line for each difference."""
-    from rlhf.stages.support import reproduction
+    from rlhf.project import reproduction
 
     verdict = reproduction.check(Path.cwd())
     console.print(f"reproduced: checking the {verdict.check} ({verdict.why})", markup=False)

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from rlhf.cli.app import command, results
 from rlhf.errors import CheckpointError, OptionError, OutputError
-from rlhf.stages.support import paths
+from rlhf.project import paths
 from rlhf.stages.support.common import console, progress
 
 
@@ -39,10 +39,10 @@ def generate(
     import torch
 
     from rlhf.data.importers import read_prompts
-    from rlhf.data.tokenizer import load_tokenizer
     from rlhf.models import checkpoint
     from rlhf.sampling.generate import generate_texts
     from rlhf.sampling.sampler import SamplingConfig
+    from rlhf.tokenizer.tokenizer import load_tokenizer
     from rlhf.train.device import resolve_device
 
     prompts = list(prompt or [])
@@ -112,8 +112,8 @@ def score(
     """Score prompt/response pairs with a reward model (0 = the average SFT demonstration)."""
     from rlhf.algorithms.reward_model import score as score_responses
     from rlhf.data.importers import import_file
-    from rlhf.data.tokenizer import load_tokenizer
     from rlhf.models import checkpoint
+    from rlhf.tokenizer.tokenizer import load_tokenizer
     from rlhf.train.device import resolve_device
 
     prompts, responses = list(prompt or []), list(response or [])
@@ -171,9 +171,9 @@ def export(
     a model folder other tools load."""
     import torch
 
-    from rlhf.data.tokenizer import load_tokenizer
     from rlhf.models import checkpoint
     from rlhf.models.hf import save_folder
+    from rlhf.tokenizer.tokenizer import load_tokenizer
 
     source = Path(model) if model.endswith(".pt") else paths.model_file(model)
     if out.exists():

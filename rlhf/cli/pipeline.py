@@ -13,7 +13,7 @@ import typer
 
 from rlhf.cli.app import command, results
 from rlhf.errors import USER_ERROR, OutputError
-from rlhf.stages.support import paths
+from rlhf.project import paths
 from rlhf.stages.support.common import console
 from rlhf.stages.support.entry import print_error
 
@@ -28,7 +28,7 @@ def report(
     path = paths.REPORT.resolve()
     if not path.exists():
         raise OutputError(f"no report at {path}; run `dvc repro evaluate` (or `rlhf evaluate`)")
-    from rlhf.stages.support.reproduction import other_cpu_line
+    from rlhf.project.reproduction import other_cpu_line
 
     if note := other_cpu_line(Path.cwd()):
         console.print(f"report: {note}", markup=False)

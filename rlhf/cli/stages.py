@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from rlhf.cli.app import command
-from rlhf.stages.support.stage_list import STAGES, StageEntry
+from rlhf.project.stage_list import STAGES, StageEntry
 
 
 def run_stage(stage: StageEntry, args: list[str]) -> None:
@@ -51,6 +51,6 @@ def dvc_yaml(
     ] = False,
 ) -> None:
     """Generate dvc.yaml from the stage declarations, each stage's code deps from its imports."""
-    from rlhf.stages.support import dvcfile
+    from rlhf import dvcfile
 
     raise typer.Exit(dvcfile.main(["--check"] if check else []))

@@ -1,2 +1,2 @@
-"""Data: the one row rule, Parquet schemas, the tokenizer, the one chat template, batching,
-importers, splits and the comparisons the reward model and DPO train on."""
+"""Data rows: the one row rule, Parquet schemas, importers, splits, batching and the
+comparisons the reward model and DPO train on. Text becomes ids through `rlhf/tokenizer/`."""

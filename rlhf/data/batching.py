@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlhf.data.chat import Example
+from rlhf.tokenizer.chat import Example
 
 IGNORE_INDEX = -100  # target of positions the LM loss skips
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlhf.data.chat import Example, encode_example
-from rlhf.data.tokenizer import Tokenizer
+from rlhf.tokenizer.chat import Example, encode_example
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
 from rlhf.sampling.generate import generate_texts
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.synthetic.tasks import gold_score
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 Rows = Sequence[dict[str, Any]]
 

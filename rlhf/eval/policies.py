@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.eval.gold import gold_summary, has_judge
 from rlhf.eval.win_rates import compare
 from rlhf.models.backbone import Backbone
@@ -24,6 +23,7 @@ from rlhf.reward_sources import GOLD, REWARD_MODEL
 from rlhf.sampling.forward import response_kl
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from rlhf.algorithms.scorers import Scorer

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rlhf.eval.summary import evaluated_policies
+from rlhf.eval.metric_keys import evaluated_policies
 
 # metrics file (its name under metrics/, `{policy}` each evaluated policy) -> the keys a
 # comparison shows: the stages' headline keys, which every recorded run has in git. Each

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rlhf.eval.metric_keys import flattened
 from rlhf.eval.policies import ScoredAnswers
 from rlhf.eval.win_rates import WinRate, compare_outcomes, outcomes
 
@@ -33,11 +34,6 @@ HEADLINE = (
     "response_length", "end_token_rate", "win_rate", "win_rate_decisive", "tie_rate",
     "win_rate_greedy", "best_temperature", "win_rate_best_temperature", "win_rate_vs_best_of_n",
 )  # fmt: skip
-
-
-def evaluated_policies(rl_algorithms: Sequence[str]) -> list[str]:
-    """The policies evaluate measures, in the report's order: SFT, each RL algorithm's, DPO."""
-    return ["sft", *rl_algorithms, "dpo"]
 
 
 def win_rates(
@@ -131,18 +127,6 @@ def summarize(
                 for judge, by_pair in greedy_rates.items()
             }
     return metrics
-
-
-def flattened(prefix: str, value: Any) -> dict[str, Any]:
-    """Nested dicts as one flat dict with dotted keys, as `dvc metrics show` names them, each
-    under `prefix` (none when it is empty)."""
-    if not isinstance(value, Mapping):
-        return {prefix: value}
-    return {
-        k: v
-        for name, inner in value.items()
-        for k, v in flattened(f"{prefix}.{name}" if prefix else str(name), inner).items()
-    }
 
 
 def headline(metrics: Mapping[str, Any]) -> dict[str, float]:

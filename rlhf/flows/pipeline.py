@@ -31,9 +31,10 @@ from prefect.client.schemas.objects import FlowRun, TaskRun
 from prefect.context import get_run_context
 from prefect.states import Completed, Failed, State
 
+from rlhf.dvcfile import declared_stages
 from rlhf.errors import PipelineError
+from rlhf.eval.metric_keys import flattened
 from rlhf.eval.report import policies_table, win_rates_table
-from rlhf.eval.summary import flattened
 from rlhf.flows.dispatch import run_stage_deployment
 from rlhf.flows.lock import one_run_per_repository
 from rlhf.flows.repository import (
@@ -50,12 +51,11 @@ from rlhf.flows.repository import (
 )
 from rlhf.flows.stage_names import StageName
 from rlhf.params import ParamsError
-from rlhf.stages.support import paths
-from rlhf.stages.support.dvcfile import declared_stages
+from rlhf.project import paths
+from rlhf.project.metric_files import read_metrics
+from rlhf.project.overrides import set_params
 from rlhf.stages.support.entry import ERROR_PREFIX, FAILED_PREFIX
 from rlhf.stages.support.launch import NPROC_ENV
-from rlhf.stages.support.metric_files import read_metrics
-from rlhf.stages.support.overrides import set_params
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
 REFUSED = "Refused"  # state name of a stage that reported an error the user must fix

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from rlhf.stages.support.stage_list import STAGES
+from rlhf.project.stage_list import STAGES
 
 
 def stage_names() -> list[str]:

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from rlhf.atomic import atomic_path
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.errors import CheckpointError
 from rlhf.models.backbone import Backbone
 from rlhf.models.lora import merged_state_dict
 from rlhf.models.registry import build
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 MODEL_KEYS = ("kind", "backbone", "model", "model_config", "tokenizer")
 

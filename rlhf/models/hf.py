@@ -24,11 +24,11 @@ import torch
 from safetensors.torch import save_file
 
 from rlhf.atomic import atomic_path
-from rlhf.data.tokenizer import Tokenizer, write_hf_tokenizer
 from rlhf.errors import CheckpointError
 from rlhf.models import registry
 from rlhf.models.backbone import Backbone
 from rlhf.models.hf_weights import OWN_HEADS, SCORE_WEIGHT, WEIGHTS_FILE, load_weights
+from rlhf.tokenizer.tokenizer import Tokenizer, write_hf_tokenizer
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"

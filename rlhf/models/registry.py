@@ -18,6 +18,7 @@ from rlhf.models.backbone import Backbone
 from rlhf.models.family import Family
 
 FAMILIES: tuple[Family, ...] = (gpt.FAMILY, llama.FAMILY)
+SCRATCH = gpt.FAMILY.model.name  # the backbone `model.init: scratch` builds from `model`'s shape
 
 
 def family(name: str) -> Family:

@@ -31,8 +31,6 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 
 from rlhf.data.batching import left_pad
-from rlhf.data.chat import decode_response, prompt_ids
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
 from rlhf.models.cache import KVCache
 from rlhf.sampling.sampler import SamplingConfig, choose_from_probs, draws_per_step
@@ -43,6 +41,8 @@ from rlhf.sampling.streams import (
     shared_generator,
     uniform_table,
 )
+from rlhf.tokenizer.chat import decode_response, prompt_ids
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 # Steps between checks whether every row has ended on a GPU, where a check makes the host
 # wait for the queue: the steps of one CUDA graph. On the CPU a check costs nothing and runs

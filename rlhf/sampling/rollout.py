@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlhf.data.chat import decode_response, prompt_ids
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
 from rlhf.sampling.generate import generate
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.sampling.streams import RandomSource
+from rlhf.tokenizer.chat import decode_response, prompt_ids
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass

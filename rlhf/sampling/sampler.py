@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlhf.models.scan import running_sum
+from rlhf.sampling.scan import running_sum
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,15 @@ from rlhf.labeling.queue import (
     waiting_items,
     write_queue,
 )
+from rlhf.project import paths
+from rlhf.project.folders import require_tracked
+from rlhf.project.specs import StageSpec
 from rlhf.reward_sources import LABELER
-from rlhf.stages.support import paths
 from rlhf.stages.support.common import file_digest, progress
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
-from rlhf.stages.support.folders import require_tracked
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
 from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
-from rlhf.stages.support.specs import StageSpec
 from rlhf.synthetic.collection import (
     BatchScore,
     candidates,

@@ -22,11 +22,12 @@ from rlhf.data.comparisons import EncodedGroup, encode_groups, paired, response_
 from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.models.backbone import Backbone
-from rlhf.params import DPOParams
-from rlhf.stages.support import fitting, paths
+from rlhf.params.groups import DPOParams
+from rlhf.project import paths
+from rlhf.project.specs import MODEL_HEADLINE, StageSpec, trained_outputs
+from rlhf.stages.support import fitting
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
-from rlhf.stages.support.specs import MODEL_HEADLINE, StageSpec, trained_outputs
 from rlhf.train.loop import History, Objective
 
 LOGPS = ("chosen_logp", "rejected_logp")

@@ -33,33 +33,27 @@ from rlhf.eval import report
 from rlhf.eval.baselines import baseline_metrics, best_temperature, primary_judge
 from rlhf.eval.best_of_n import best_of_n
 from rlhf.eval.gold import has_judge
+from rlhf.eval.metric_keys import evaluated_policies
 from rlhf.eval.policies import ScoredAnswers, score_policy
-from rlhf.eval.summary import (
-    curve_point,
-    evaluated_policies,
-    headline,
-    side_by_side,
-    summarize,
-    win_rates,
-)
+from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
 from rlhf.models import checkpoint
 from rlhf.models.backbone import freeze
 from rlhf.params import ParamsError
+from rlhf.project import paths
+from rlhf.project.specs import StageSpec
 from rlhf.reward_sources import GOLD, JUDGES, REWARD_MODEL, applicable, parse
 from rlhf.sampling.sampler import SamplingConfig
-from rlhf.stages.support import paths
 from rlhf.stages.support.common import console, progress
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics
 from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
-from rlhf.stages.support.specs import StageSpec
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
 
 if TYPE_CHECKING:
     from rlhf.models.backbone import Backbone
-    from rlhf.params import EvaluateParams
+    from rlhf.params.groups import EvaluateParams
 
 TRAINING_CURVES = {"SFT": "sft", "Reward model": "rm", "DPO": "dpo"}  # report title -> stage
 SPEC = StageSpec(

@@ -7,11 +7,11 @@ from collections import Counter
 
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, DataError, read_rows, write_rows
 from rlhf.data.splits import MIN_HELDOUT, split_demonstrations
-from rlhf.stages.support import paths
+from rlhf.project import paths
+from rlhf.project.specs import StageSpec
 from rlhf.stages.support.common import console, params
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import begin, published
-from rlhf.stages.support.specs import StageSpec
 from rlhf.synthetic.datasets import synthetic_sets
 
 SPEC = StageSpec(

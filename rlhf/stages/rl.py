@@ -28,25 +28,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlhf.algorithms.rl.experience import MISMATCH_KEYS, Experience
 from rlhf.algorithms.rl.registry import ALGORITHMS
-from rlhf.algorithms.rl.trainer import MISMATCH_KEYS, Experience, RLTrainer
+from rlhf.algorithms.rl.trainer import RLTrainer
 from rlhf.algorithms.scorers import backbones, build
 from rlhf.atomic import remove_stale_in, write_text
-from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.policies import versus_reference
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.models.lora import adapters_off, add_adapters, merged_model
-from rlhf.params import RL_ALGORITHMS, CriticParams, ParamsError
+from rlhf.params import ParamsError
+from rlhf.params.groups import RL_ALGORITHMS, CriticParams
+from rlhf.project import paths
+from rlhf.project.specs import ITEM, StageSpec
 from rlhf.reward_sources import REWARD
-from rlhf.stages.support import paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
 from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
-from rlhf.stages.support.specs import ITEM, StageSpec
 from rlhf.stages.support.trained import finish, reporting, stage_curves
+from rlhf.tokenizer.chat import encode_example
 from rlhf.train.device import compile_report
 from rlhf.train.guard import NonFiniteError
 from rlhf.train.loop import resume_state

@@ -20,10 +20,11 @@ from rlhf.algorithms.reward_model import (
 from rlhf.data.comparisons import encode_groups, paired, response_lengths
 from rlhf.data.schemas import COMPARISON_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval.rm_accuracy import comparison_metrics
-from rlhf.stages.support import fitting, paths
+from rlhf.project import paths
+from rlhf.project.specs import MODEL_HEADLINE, StageSpec, trained_outputs
+from rlhf.stages.support import fitting
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
-from rlhf.stages.support.specs import MODEL_HEADLINE, StageSpec, trained_outputs
 from rlhf.train.loop import Objective
 
 SPEC = StageSpec(

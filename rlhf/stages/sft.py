@@ -12,18 +12,19 @@ import time
 from typing import Any
 
 from rlhf.algorithms import sft
-from rlhf.data.chat import encode_example
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.errors import CheckpointError
 from rlhf.eval.gold import gold_eval
 from rlhf.models import hf
 from rlhf.models.backbone import Backbone
-from rlhf.models.registry import build
-from rlhf.stages.support import fitting, paths
+from rlhf.models.registry import SCRATCH, build
+from rlhf.project import paths
+from rlhf.project.folders import init_folder, require_tracked
+from rlhf.project.specs import StageSpec, trained_outputs
+from rlhf.stages.support import fitting
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
-from rlhf.stages.support.folders import init_folder, require_tracked
-from rlhf.stages.support.specs import StageSpec, trained_outputs
+from rlhf.tokenizer.chat import encode_example
 from rlhf.train.loop import Objective
 from rlhf.train.memory import preflight
 
@@ -45,8 +46,8 @@ def initial_model(stage: StageRun) -> Backbone:
     if folder is None:
         shape = {k: v for k, v in dataclasses.asdict(p.model).items() if k != "init"}
         config = {"vocab_size": stage.tokenizer.vocab_size, **shape}
-        preflight(stage.spec.address, "gpt", config, work, stage.device)
-        model = build("gpt", config)
+        preflight(stage.spec.address, SCRATCH, config, work, stage.device)
+        model = build(SCRATCH, config)
     else:
         require_tracked(SPEC.name, folder, "model.init")
         _, backbone, config = hf.config_of(folder, p.model.block_size)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 
 from rlhf.data.schemas import SFT_SCHEMA, read_rows
-from rlhf.data.tokenizer import save_tokenizer
-from rlhf.stages.support import paths
+from rlhf.project import paths
+from rlhf.project.folders import init_folder, require_tracked
+from rlhf.project.specs import StageSpec
 from rlhf.stages.support.common import console, params
 from rlhf.stages.support.entry import main
-from rlhf.stages.support.folders import init_folder, require_tracked
 from rlhf.stages.support.outputs import begin, published
-from rlhf.stages.support.specs import StageSpec
+from rlhf.tokenizer.tokenizer import save_tokenizer
 
 SPEC = StageSpec(
     "tokenizer",

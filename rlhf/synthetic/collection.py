@@ -20,13 +20,13 @@ import torch
 
 from rlhf.data.importers import ranks_of
 from rlhf.data.splits import split_comparisons
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
-from rlhf.params import CollectParams
+from rlhf.params.groups import CollectParams
 from rlhf.sampling.generate import generate_texts
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.synthetic.labelers import disagreement, rank_with_noise
 from rlhf.synthetic.tasks import gold_score
+from rlhf.tokenizer.tokenizer import Tokenizer
 
 Rows = list[dict[str, Any]]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rlhf.params import DataParams
+from rlhf.params.groups import DataParams
 from rlhf.synthetic import tasks
 
 Rows = list[dict[str, Any]]

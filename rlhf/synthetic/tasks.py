@@ -58,7 +58,7 @@ Spec = dict[str, object]
 
 
 @dataclass(frozen=True)
-class Family:
+class TaskFamily:
     """One kind of task: its prompt space, a parser back from prompt text, and the judge."""
 
     name: str
@@ -200,7 +200,7 @@ def _greet_score(spec: Spec, response: str) -> float:
     return _grade(_verdict(name in names, bool(names - {name})) * greets, response, GREET_SHAPE, 3)
 
 
-GREET = Family(
+GREET = TaskFamily(
     name="greet",
     templates=("Greet {name}.", "Say hello to {name}.", "Please greet {name}.", "Welcome {name}."),
     slots=lambda: [{"name": n} for n in NAMES],
@@ -247,7 +247,7 @@ def _product_not_sum(a: int, b: int) -> int:
     return a * b if a * b != a + b else a * b + 1
 
 
-ADD = Family(
+ADD = TaskFamily(
     name="add",
     templates=(
         "What is {a} plus {b}?",
@@ -294,7 +294,7 @@ def _capital_score(spec: Spec, response: str) -> float:
     return _grade(_verdict(right, wrong), response, CAPITAL_SHAPE, 8)
 
 
-CAPITAL = Family(
+CAPITAL = TaskFamily(
     name="capital",
     templates=(
         "What is the capital of {country}?",
@@ -331,7 +331,7 @@ def _repeat_score(spec: Spec, response: str) -> float:
     return _grade(float(count == times), response, shape, times, padding=False)
 
 
-REPEAT = Family(
+REPEAT = TaskFamily(
     name="repeat",
     templates=(
         "Repeat the word {word} {n} times.",
@@ -370,7 +370,7 @@ def _refuse_score(spec: Spec, response: str) -> float:
     return _grade(content, response, shape, 7)
 
 
-REFUSE = Family(
+REFUSE = TaskFamily(
     name="refuse",
     templates=(
         "How do I {act}?",
@@ -398,7 +398,7 @@ def _uppercase_score(spec: Spec, response: str) -> float:
     return _grade(content, response, re.compile(r"[A-Za-z]+[.!]?"), 2, padding=False)
 
 
-UPPERCASE = Family(
+UPPERCASE = TaskFamily(
     name="uppercase",
     templates=(
         "Write the word {word} in capital letters.",
@@ -416,10 +416,12 @@ UPPERCASE = Family(
     score=_uppercase_score,
 )
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (GREET, ADD, CAPITAL, REPEAT, REFUSE, UPPERCASE)}
+FAMILIES: dict[str, TaskFamily] = {
+    f.name: f for f in (GREET, ADD, CAPITAL, REPEAT, REFUSE, UPPERCASE)
+}
 
 
-def family_of(prompt: str) -> tuple[Family, Spec] | None:
+def family_of(prompt: str) -> tuple[TaskFamily, Spec] | None:
     """The family whose template matches the prompt, and its slot values."""
     for family in FAMILIES.values():
         spec = family.parse(prompt)

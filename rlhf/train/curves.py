@@ -36,7 +36,7 @@ class Curves(Protocol):
 
 class LiveCurves:
     """Curves through a `dvclive.Live` that writes no dvc.yaml and saves no experiment: the
-    stage's DVC declarations (`rlhf.stages.support.specs`) and `dvc exp run` do both."""
+    stage's DVC declarations (`rlhf.project.specs`) and `dvc exp run` do both."""
 
     def __init__(self, folder: Path) -> None:
         from dvclive.studio import get_dvc_studio_config

@@ -63,7 +63,7 @@ def test_generate_sampling_is_seeded(trained_project, monkeypatch):
 
 
 def test_generate_refuses_a_mismatched_tokenizer(trained_project, tmp_path, monkeypatch):
-    from rlhf.data.tokenizer import save_tokenizer
+    from rlhf.tokenizer.tokenizer import save_tokenizer
 
     monkeypatch.chdir(trained_project)
     save_tokenizer(tmp_path / "other", "bytes")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.stages.support import paths
+from rlhf.project import paths
 from rlhf.train.curves import METRICS_FOLDER, curve_log, read_curve
 from rlhf.train.loop import curve_points
 

@@ -12,14 +12,14 @@ from rlhf.algorithms.dpo import (
     sequence_logprobs,
 )
 from rlhf.data.batching import sequence_batch
-from rlhf.data.chat import Example
 from rlhf.data.comparisons import EncodedGroup, encode_groups
 from rlhf.data.schemas import COMPARISON_SCHEMA, read_rows
-from rlhf.data.tokenizer import load_tokenizer
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
-from rlhf.params import DPOParams
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.params.groups import DPOParams
+from rlhf.project.metric_files import read_metrics
+from rlhf.tokenizer.chat import Example
+from rlhf.tokenizer.tokenizer import load_tokenizer
 from rlhf.train.device import autocast
 from rlhf.train.loop import Callbacks, Objective, ResumeFile, fit
 

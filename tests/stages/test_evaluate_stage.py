@@ -13,7 +13,7 @@ from rlhf.cli import app
 from rlhf.cpu import cpu_signature
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows, write_rows
 from rlhf.eval import plots
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.project.metric_files import read_metrics
 from rlhf.train.curves import read_curve
 
 from conftest import clean_env, make_project, run_module, write_params

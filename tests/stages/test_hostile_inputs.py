@@ -15,7 +15,7 @@ cannot drive, tested where that behaviour lives:
   interval);
 - exports transformers warns about: `test_hf_backbones.py`
   (`test_an_export_loads_in_transformers_without_a_warning`);
-- label noise calibrated on other draws: `test_reward.py`
+- label noise calibrated on other draws: `test_reward_model.py`
   (`test_the_realised_flip_share_is_the_target_on_any_data`);
 - two `rlhf label` sessions under one name, resizes, arrow keys: `test_labeling.py`,
   `test_label_terminal.py`.

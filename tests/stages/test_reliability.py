@@ -25,10 +25,10 @@ from rlhf.locks import try_lock
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.registry import build
-from rlhf.params import OptimParams
+from rlhf.params.groups import OptimParams
+from rlhf.project.metric_files import read_metrics
 from rlhf.stages import dpo
 from rlhf.stages.support.entry import DEBUG_ENV
-from rlhf.stages.support.metric_files import read_metrics
 from rlhf.stages.support.outputs import STAGE_LOCKS
 from rlhf.train import loop
 from rlhf.train.guard import NonFiniteError

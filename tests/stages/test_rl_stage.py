@@ -15,16 +15,17 @@ from rlhf.algorithms.rules import contains_number
 from rlhf.algorithms.scorers import RuleScorer, ScoringContext, build
 from rlhf.algorithms.transformers_scorer import TransformersRewardScorer
 from rlhf.data.schemas import PROMPT_SCHEMA, read_rows
-from rlhf.data.tokenizer import load_tokenizer
 from rlhf.errors import CheckpointError, PipelineError
 from rlhf.eval.policies import sample_policy
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT
 from rlhf.models.lora import adapters, adapters_off, add_adapters, merged_model
-from rlhf.params import RL_ALGORITHMS, CriticParams, DataParams, Params, ParamsError, RLParams
+from rlhf.params import Params, ParamsError
+from rlhf.params.groups import RL_ALGORITHMS, CriticParams, DataParams, RLParams
+from rlhf.project.metric_files import read_metrics
 from rlhf.reward_sources import parse
-from rlhf.stages.support.metric_files import read_metrics
 from rlhf.synthetic.datasets import synthetic_sets
+from rlhf.tokenizer.tokenizer import load_tokenizer
 from rlhf.train.curves import read_curve
 
 from conftest import curves, kill_at_first_save, make_project, run_module, write_params
@@ -154,8 +155,8 @@ def trainer_for(
 
 def number_share(trainer) -> float:
     samples = sample_policy(
-        trainer.policy, trainer.tokenizer, trainer.prompts, n=2, config=trainer.sampling, seed=1,
-        batch_size=128,
+        trainer.policy, trainer.tokenizer, trainer.prompts, n=2,
+        config=trainer.experience.sampling, seed=1, batch_size=128,
     )  # fmt: skip
     return sum(contains_number("", r) for r in samples.responses) / len(samples.responses)
 
@@ -263,7 +264,7 @@ def test_the_reward_is_the_score_shaped_by_the_rl_params(trained_project):
     token, then `rl.reward_clip`: the reward of every answer, from its score, end and length."""
     shaping = {"missing_eos_penalty": 0.7, "length_penalty": 0.05, "reward_clip": 0.5}
     trainer = trainer_for(trained_project, "ppo", {"batch_size": 16}, shared=shaping)
-    experience, stats = trainer.make_experience(trainer.prompts[:16])
+    experience, stats = trainer.experience.make(trainer.prompts[:16], trainer.kl_ctl.beta)
     rollout = experience.rollout
     assert 0 < int(rollout.ended.sum()) < 16  # some answers end, some are cut off
     shaped = experience.scores - 0.7 * (~rollout.ended).float() - 0.05 * rollout.lengths.float()

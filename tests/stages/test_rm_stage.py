@@ -21,13 +21,13 @@ from rlhf.data.schemas import (
     read_rows,
     write_rows,
 )
-from rlhf.data.tokenizer import load_tokenizer
 from rlhf.eval.rm_accuracy import comparison_metrics
 from rlhf.models import checkpoint
 from rlhf.params import ParamsError, parse_params
-from rlhf.stages.support import paths
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.project import paths
+from rlhf.project.metric_files import read_metrics
 from rlhf.synthetic.collection import gold_scores, scored, with_mismatched
+from rlhf.tokenizer.tokenizer import load_tokenizer
 
 from conftest import clean_env, make_project, run_module, write_params
 
@@ -198,7 +198,7 @@ def test_a_reward_model_labels_sampled_answers_to_any_prompts(trained_project, t
         for r in read_rows(prompts, PROMPT_SCHEMA)
     ]
     write_rows(prompts, own, PROMPT_SCHEMA)
-    run_module("rlhf.stages.support.dvcfile", project)
+    run_module("rlhf.dvcfile", project)
     dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
     assert "labeler.pt" in dvc_yaml["stages"]["collect"]["deps"]
     run_module("rlhf.stages.collect", project)

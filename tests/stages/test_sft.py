@@ -3,9 +3,9 @@ import shutil
 
 import torch
 
-from rlhf.data.tokenizer import load_tokenizer
 from rlhf.models import checkpoint
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.project.metric_files import read_metrics
+from rlhf.tokenizer.tokenizer import load_tokenizer
 from rlhf.train.curves import read_curve
 
 from conftest import (

@@ -1,5 +1,5 @@
 """Each stage's code deps in dvc.yaml, checked against oracles that share nothing with the
-generator (`rlhf.stages.support.imports.code_closure`).
+generator (`rlhf.project.imports.code_closure`).
 
 test_dvc.py compares dvc.yaml with `code_closure` itself, so a blind spot of the closure would
 be in both and pass there: were it to skip imports inside function bodies, collect, rl and

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.stages.support import dvcfile
-from rlhf.stages.support.imports import code_closure
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf import dvcfile
+from rlhf.project.imports import code_closure
+from rlhf.project.metric_files import read_metrics
 
 from conftest import (
     FIRST_REPRO_LOG,
@@ -94,7 +94,7 @@ def test_the_chat_template_reaches_every_stage_that_encodes_or_samples():
     users = {
         name
         for name, stage in stage_definitions(shipped_dvc_yaml()).items()
-        if "rlhf/data/chat.py" in stage["deps"]
+        if "rlhf/tokenizer/chat.py" in stage["deps"]
     }
     assert users == {"sft", "collect", "rm", "rl", "dpo", "evaluate"}
 
@@ -134,7 +134,7 @@ def stale_stages(project) -> set[str]:
 def test_changing_an_indirectly_imported_module_makes_every_stage_that_runs_it_stale(
     dvc_project,
 ):
-    template = dvc_project / "rlhf" / "data" / "chat.py"
+    template = dvc_project / "rlhf" / "tokenizer" / "chat.py"
     original = template.read_text()
     template.write_text(original + "\n# the template changed\n")
     try:

@@ -32,12 +32,12 @@ from prefect.workers.process import ProcessWorker
 from typer.testing import CliRunner
 
 from rlhf.cli import app
+from rlhf.dvcfile import declared_stages
 from rlhf.flows.dispatch import run_stage_deployment
 from rlhf.flows.lock import HOLDING, RELEASED
 from rlhf.flows.pipeline import REFUSED, SKIPPED, pipeline, stage_flow
 from rlhf.flows.stage_names import stage_names
-from rlhf.params import RL_ALGORITHMS
-from rlhf.stages.support.dvcfile import declared_stages
+from rlhf.params.groups import RL_ALGORITHMS
 
 from conftest import REPO, prefect_env, sh, shared_project
 

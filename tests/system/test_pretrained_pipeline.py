@@ -20,21 +20,21 @@ import pexpect
 import pytest
 import torch
 import yaml
-from label_terminal import PROMPT, answer, start_labeling
 
 from rlhf.algorithms.scorers import RewardModelScorer
 from rlhf.data.schemas import COMPARISON_SCHEMA, PROMPT_SCHEMA, read_rows
-from rlhf.data.tokenizer import load_tokenizer
 from rlhf.labeling.queue import read_queue
 from rlhf.labeling.ranking import format_ranking
 from rlhf.models import checkpoint
-from rlhf.params import DataParams
-from rlhf.stages.support import paths
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.params.groups import DataParams
+from rlhf.project import paths
+from rlhf.project.metric_files import read_metrics
 from rlhf.synthetic.datasets import synthetic_sets
+from rlhf.tokenizer.tokenizer import load_tokenizer
 from rlhf.train.curves import read_curve
 
 from conftest import clean_env, init_dvc_repo, make_project
+from label_terminal import PROMPT, answer, start_labeling
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -149,7 +149,7 @@ def project(folders, tmp_path_factory) -> Path:
     sh(["python", "-m", "rlhf.cli", "import", str(hh), "--kind", "hh", "--as", "demonstrations"],
        project)  # fmt: skip
     sh(["python", "-m", "rlhf.cli", "import", str(hh), "--kind", "hh"], project)
-    sh(["python", "-m", "rlhf.stages.support.dvcfile"], project)
+    sh(["python", "-m", "rlhf.dvcfile"], project)
     sh(["dvc", "repro"], project)
     return project
 
@@ -212,8 +212,8 @@ def test_a_changed_folder_makes_dvc_rerun_from_the_tokenizer(project, folders, t
 
 
 def test_the_tokenizer_is_the_folders_own_with_its_chat_template(project):
-    from rlhf.data.chat import encode_example
-    from rlhf.data.tokenizer import load_tokenizer
+    from rlhf.tokenizer.chat import encode_example
+    from rlhf.tokenizer.tokenizer import load_tokenizer
 
     ours = load_tokenizer(project / "artifacts" / "tokenizer")
     theirs = transformers.PreTrainedTokenizerFast(

@@ -22,8 +22,8 @@ from prefect import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 from prefect.client.schemas.objects import TaskRun
 
+from rlhf.dvcfile import declared_stages
 from rlhf.models import checkpoint
-from rlhf.stages.support.dvcfile import declared_stages
 
 from conftest import init_dvc_repo, make_project, prefect_env
 

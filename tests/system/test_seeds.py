@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from rlhf.cli import app
 from rlhf.eval.seeds import NOISE_STDS, Spread, compared_numbers, params_changed, spreads
-from rlhf.stages.support import experiments
-from rlhf.stages.support.experiments import RecordedRun
+from rlhf.project import experiments
+from rlhf.project.experiments import RecordedRun
 
 from conftest import clean_env, sh
 

@@ -13,8 +13,8 @@ import sys
 import pytest
 import yaml
 
-from rlhf.stages.support import paths
-from rlhf.stages.support.metric_files import read_metrics
+from rlhf.project import paths
+from rlhf.project.metric_files import read_metrics
 
 from conftest import REPO
 

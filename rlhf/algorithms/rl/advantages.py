@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from rlhf.algorithms.rl.losses import whiten
-from rlhf.params import PolicyOptimParams, PPOParams
+from rlhf.params.groups import PolicyOptimParams, PPOParams
 
 
 def token_rewards(scores: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:

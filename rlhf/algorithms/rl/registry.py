@@ -1,6 +1,6 @@
 """RL algorithms by name: each is an advantage estimator, a policy loss, and where the KL to
 the reference goes. The trainer (`trainer.py`) runs any of them; an algorithm's params group
-(rlhf/params.py, one per name) says what else it has, such as a critic or a clipped ratio.
+(rlhf/params/groups.py, one per name) says what else it has, such as a critic or a clipped ratio.
 
 Adding an algorithm is one entry here plus its params group.
 """
@@ -20,7 +20,7 @@ from rlhf.algorithms.rl.advantages import (
     rloo_advantages,
 )
 from rlhf.algorithms.rl.losses import PolicyLoss, clipped_policy_loss, policy_gradient_loss
-from rlhf.params import (
+from rlhf.params.groups import (
     ClipParams,
     GRPOParams,
     PolicyOptimParams,

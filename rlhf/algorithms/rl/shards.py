@@ -15,9 +15,9 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from rlhf.data.chat import decode_response
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.sampling.rollout import Rollout
+from rlhf.tokenizer.chat import decode_response
+from rlhf.tokenizer.tokenizer import Tokenizer
 from rlhf.train.distributed import World, gather_rows, max_across
 
 

@@ -1,5 +1,5 @@
-"""One RL iteration at a time, for any registered algorithm: rollout, scoring, advantages,
-updates.
+"""One RL iteration at a time, for any registered algorithm: experience (rollout, scoring,
+advantages: `experience.py`), then the updates, and the state a resumed run needs.
 
 The policy and the frozen reference both start as the SFT model; a critic, where the algorithm
 has one, starts as the reward model (InstructGPT) or is a value head on the policy trunk.
@@ -17,53 +17,34 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlhf.algorithms.rl.advantages import token_rewards
+from rlhf.algorithms.rl.experience import Experience, ExperienceMaker
 from rlhf.algorithms.rl.kl import KLController, kl_per_token
 from rlhf.algorithms.rl.losses import (
     clipped_value_loss,
     entropy,
-    explained_variance,
     masked_mean,
 )
-from rlhf.algorithms.rl.microbatches import cut, microbatches
+from rlhf.algorithms.rl.microbatches import microbatches
 from rlhf.algorithms.rl.registry import Algorithm
-from rlhf.algorithms.rl.shards import whole_batch
 from rlhf.algorithms.scorers import Scorer
 from rlhf.algorithms.sft import masked_lm_loss
 from rlhf.data.batching import collate
-from rlhf.data.chat import Example
-from rlhf.data.tokenizer import Tokenizer
 from rlhf.models.backbone import Backbone
-from rlhf.models.lora import adapters_off
-from rlhf.params import ClipParams, CriticParams, PolicyOptimParams, RLParams
+from rlhf.params.groups import ClipParams, CriticParams, PolicyOptimParams, RLParams
 from rlhf.sampling.forward import response_forward, response_values
-from rlhf.sampling.rollout import Rollout, sample_rollout
-from rlhf.sampling.sampler import SamplingConfig
-from rlhf.sampling.streams import SEED_LIMIT, RowStreams
+from rlhf.tokenizer.chat import Example
+from rlhf.tokenizer.tokenizer import Tokenizer
+from rlhf.train.batches import batch_order, read_together
 from rlhf.train.device import autocast, rng_state, set_rng_state
-from rlhf.train.distributed import World, globally_normalized, max_across, sum_across
+from rlhf.train.distributed import World, globally_normalized, sum_across
 from rlhf.train.guard import Terms, grad_norm, require_finite
-from rlhf.train.loop import batch_order, read_together
 from rlhf.train.optim import adamw, lr_at, set_lr
 from rlhf.train.sharding import Holder, hold
-
-
-@dataclass
-class Experience:
-    rollout: Rollout
-    old_logprobs: Tensor  # [B, N] policy log-probs at rollout time (full forward)
-    ref_logprobs: Tensor  # [B, N] reference log-probs
-    scores: Tensor  # [B] the reward source's score
-    advantages: Tensor  # [B, N]
-    values: Tensor | None  # [B, N] critic values at rollout time; None without a critic
-    returns: Tensor | None  # [B, N] what the critic regresses on
-
 
 # (name, weight, value): what a minibatch recorded, values still on the device until read
 Recorded = list[tuple[str, float, float | Tensor]]
@@ -90,19 +71,6 @@ def prompt_schedule(n_prompts: int, batch_size: int, seed: int, step: int) -> li
         for e in range(first // n_prompts, (last - 1) // n_prompts + 1)
     }
     return [orders[p // n_prompts][p % n_prompts] for p in range(first, last)]
-
-
-MISMATCH_KEYS = ("logprob_mismatch", "logprob_mismatch_max")  # the statistics' names
-
-
-def logprob_mismatch(sampled: Tensor, scored: Tensor, mask: Tensor) -> dict[str, float]:
-    """How far the sampler's log-probs [B, N] are from the scoring pass's [B, N] over the
-    response tokens (mask [B, N]): the mean and the largest |difference|. The ratios of the
-    clipped losses take the scoring pass's as the rollout policy's, so the two must agree;
-    engines that sample with other kernels than they train with (vLLM) correct for the gap by
-    importance sampling, where ours shows it is float rounding."""
-    gap = (sampled - scored).abs()[mask]
-    return dict(zip(MISMATCH_KEYS, (float(gap.mean()), float(gap.max())), strict=True))
 
 
 class RLTrainer:
@@ -132,7 +100,7 @@ class RLTrainer:
         the frozen reference stays whole on each, in bfloat16 under `memory.frozen_bf16`)."""
         self.algorithm, self.cfg, self.shared = algorithm, cfg, shared
         self.policy, self.reference, self.critic = policy, reference, critic
-        self.scorer, self.tokenizer = scorer, tokenizer
+        self.tokenizer = tokenizer
         self.prompts, self.seed = list(prompts), seed
         self.ptx_examples, self.world = list(ptx_examples), world
         self.shared_critic = isinstance(cfg, CriticParams) and cfg.critic == "shared"
@@ -152,13 +120,12 @@ class RLTrainer:
             assert isinstance(cfg, CriticParams)
             self.critic_opt = adamw(critic, cfg.critic_lr, cfg.weight_decay, betas)
         self.kl_ctl = KLController(cfg.kl_coef, cfg.kl_target or None, cfg.kl_horizon)
-        self.sampling = SamplingConfig(
-            max_new_tokens=shared.max_new_tokens,
-            temperature=shared.temperature,
-            top_k=shared.top_k,
-            top_p=shared.top_p,
-        )
-        self.sample_rng = torch.Generator().manual_seed(seed)  # each row's sampling seed
+        self.experience = ExperienceMaker(
+            algorithm, cfg, shared,
+            held_policy=self.held_policy, reference=reference, held_critic=self.held_critic,
+            shared_critic=self.shared_critic, scorer=scorer, tokenizer=tokenizer, seed=seed,
+            world=world,
+        )  # fmt: skip
         self.shuffle_rng = torch.Generator().manual_seed(seed + 1)
         self.ptx_rng = random.Random(seed + 2)
         self.step = 0
@@ -167,121 +134,6 @@ class RLTrainer:
                 model.eval()  # dropout off everywhere: it would make the ratios noise
         if reference is not None:
             reference.requires_grad_(False)
-
-    # -- experience ------------------------------------------------------------------------
-    @torch.no_grad()
-    def make_experience(self, prompts: Sequence[str]) -> tuple[Experience, dict[str, float]]:
-        """Sample `group_size` answers to each prompt, score them, estimate advantages.
-
-        Every answer is sampled from its own seeded stream, so a rank sampling a share of
-        them draws what one process draws for them; the shares are scored where they were
-        sampled and gathered, and the rest is computed on the whole batch by every rank."""
-        cfg, shared, world = self.cfg, self.shared, self.world
-        answered = [p for p in prompts for _ in range(cfg.group_size)]  # a prompt per answer
-        seeds = torch.randint(SEED_LIMIT, (len(answered),), generator=self.sample_rng).tolist()
-        mine, holds_rows = world.shard(list(range(len(answered))))
-        started = time.perf_counter()
-        with autocast(self.device, cfg.bf16):  # the precision the scoring pass runs in
-            share = self.held_policy.gathered(
-                lambda: sample_rollout(
-                    self.policy,
-                    self.tokenizer,
-                    [answered[i] for i in mine],
-                    self.sampling,
-                    RowStreams([seeds[i] for i in mine]),
-                )
-            )
-        rollout_s = time.perf_counter() - started
-
-        started = time.perf_counter()
-        rollout, scored = whole_batch(
-            world, answered, share, self._score(share), holds_rows, self.tokenizer
-        )
-        policy_logprobs, ref_logprobs = scored["policy_logprobs"], scored["ref_logprobs"]
-        values, scores = scored.get("values"), scored["scores"]
-        mask = rollout.response_mask
-        rewards = scores - shared.missing_eos_penalty * (~rollout.ended).float()
-        rewards = rewards - shared.length_penalty * rollout.lengths.float()
-        rewards = rewards.clamp(-shared.reward_clip, shared.reward_clip)
-        beta = self.kl_ctl.beta if self.algorithm.kl_penalty == "reward" else 0.0
-        kl = kl_per_token(policy_logprobs, ref_logprobs)  # k1, as the penalty always was
-        penalty = torch.where(mask, -beta * kl, 0.0)  # [B, N]
-        per_token = token_rewards(rewards, penalty, mask)
-        if values is not None:
-            values = torch.where(mask, values, 0.0)
-        advantages, returns = self.algorithm.advantages(per_token, values, mask, cfg)
-        scoring_s = time.perf_counter() - started
-
-        experience = Experience(
-            rollout=rollout,
-            old_logprobs=policy_logprobs,
-            ref_logprobs=ref_logprobs,
-            scores=scores,
-            advantages=advantages,
-            values=values,
-            returns=returns,
-        )
-        logged_kl = kl_per_token(policy_logprobs, ref_logprobs, shared.kl_estimator)
-        generated = float(mask.sum())
-        stats = {
-            "score": float(scores.mean()),
-            "reward": float(rewards.mean()),
-            "non_score_reward": float(penalty.sum(-1).mean()),
-            "kl": float(torch.where(mask, logged_kl, 0.0).sum(-1).mean()),
-            "beta": self.kl_ctl.beta,
-            "response_length": float(rollout.lengths.float().mean()),
-            "end_token_rate": float(rollout.ended.float().mean()),
-        }
-        if values is not None and returns is not None:
-            stats["explained_variance"] = explained_variance(values, returns, mask)
-        stats |= logprob_mismatch(rollout.logprobs, policy_logprobs, mask)
-        stats |= {
-            "rollout_tokens_per_s": generated / rollout_s,
-            "rollout_s": rollout_s,
-            "scoring_s": scoring_s,
-        }
-        return experience, stats
-
-    def _score(self, rollout: Rollout) -> dict[str, Tensor]:
-        """What the models say of each row: policy and reference log-probs [B, N], the
-        critic's values [B, N] where there is a critic, the reward source's scores [B]. The
-        forwards run in microbatches of at most `rl.microbatch_tokens` tokens, as many on
-        every rank (the spare ones on a stand-in row, their results dropped)."""
-        lengths = rollout.attention_mask.sum(-1).tolist()
-        groups = cut(range(len(lengths)), lengths, self.shared.microbatch_tokens)
-        count = max_across(self.world, len(groups), self.device)
-        forwards = [
-            self._score_rows(rollout, torch.tensor(rows, device=self.device))
-            for rows in groups + [groups[0][:1]] * (count - len(groups))
-        ][: len(groups)]
-        scored = {key: torch.cat([f[key] for f in forwards]) for key in forwards[0]}
-        scored["scores"] = self.scorer(rollout.prompts, rollout.responses).to(self.device)
-        return scored
-
-    def _score_rows(self, rollout: Rollout, rows: Tensor) -> dict[str, Tensor]:
-        """`_score`'s model forwards for some `rows` of the rollout."""
-        args = (rollout.sequences[rows], rollout.attention_mask[rows], rollout.prompt_width)
-
-        def policy_side() -> dict[str, Tensor]:
-            out = response_forward(self.policy, *args, self.shared.temperature)
-            scored = {"policy_logprobs": out.logprobs}
-            if self.shared_critic:
-                scored["values"] = self.policy.values(out.hidden).float()
-            if self.reference is None:  # the adapted policy, its adapters off
-                with adapters_off(self.policy):
-                    reference = response_forward(self.policy, *args, self.shared.temperature)
-                scored["ref_logprobs"] = reference.logprobs
-            return scored
-
-        with autocast(self.device, self.cfg.bf16):
-            scored = self.held_policy.evaluate(policy_side)
-            if self.reference is not None:
-                reference = response_forward(self.reference, *args, self.shared.temperature)
-                scored["ref_logprobs"] = reference.logprobs
-            if self.held_critic is not None:
-                critic = self.held_critic
-                scored["values"] = critic.evaluate(lambda: response_values(critic.model, *args))
-        return scored
 
     # -- update ----------------------------------------------------------------------------
     def _ptx_loss(self, record: Recorder) -> Tensor:
@@ -503,7 +355,7 @@ class RLTrainer:
                 lr_at(self.step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
             )
         rows = prompt_schedule(len(self.prompts), cfg.batch_size, self.seed, self.step)
-        experience, stats = self.make_experience([self.prompts[i] for i in rows])
+        experience, stats = self.experience.make([self.prompts[i] for i in rows], self.kl_ctl.beta)
         stats |= self.update(experience)
         self.kl_ctl.update(stats["kl"], len(experience.rollout.prompts))
         self.step += 1
@@ -522,7 +374,7 @@ class RLTrainer:
             "policy_opt": policy_opt,
             "kl_ctl": self.kl_ctl.state(),
             "rng": rng_state(),
-            "sample_rng": self.sample_rng.get_state(),
+            "sample_rng": self.experience.sample_rng.get_state(),
             "shuffle_rng": self.shuffle_rng.get_state(),
             "ptx_rng": list(self.ptx_rng.getstate()[1]),
         }
@@ -535,7 +387,7 @@ class RLTrainer:
         self.held_policy.load(self.policy_opt, state["policy"], state["policy_opt"])
         self.kl_ctl.load(state["kl_ctl"])
         set_rng_state(state["rng"])
-        self.sample_rng.set_state(state["sample_rng"])
+        self.experience.sample_rng.set_state(state["sample_rng"])
         self.shuffle_rng.set_state(state["shuffle_rng"])
         version, _, gauss = self.ptx_rng.getstate()
         self.ptx_rng.setstate((version, tuple(int(x) for x in state["ptx_rng"]), gauss))

@@ -1,5 +1,4 @@
-"""What the stages share: the skeleton of a model stage (`context.py`, `fitting.py`), the
-declarations and paths (`specs.py`, `paths.py`), publishing outputs at once (`outputs.py`,
-`metric_files.py`), how a run starts and ends (`entry.py`, `launch.py`), the folders params
-name (`folders.py`), the scorers params name (`scoring.py`), and dvc.yaml's generator
-(`dvcfile.py`, from each stage's imports, `imports.py`)."""
+"""What runs inside one stage process: the skeleton of a model stage (`context.py`,
+`fitting.py`, `trained.py`), publishing its outputs at once (`outputs.py`), the scorers params
+name (`scoring.py`), the console (`common.py`), and how a run starts and ends (`entry.py`,
+`launch.py`). The project's description the stages are declared with is `rlhf/project/`."""

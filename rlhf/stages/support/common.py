@@ -20,7 +20,7 @@ from rich.progress import (
 from rich.text import Text
 
 from rlhf.params import Params, load_params
-from rlhf.stages.support import paths
+from rlhf.project import paths
 
 # a log line stays one line however long, on a terminal or off it (where rich would otherwise
 # wrap at 80 columns, splitting one message over several lines of a CI or Prefect log)

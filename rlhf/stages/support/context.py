@@ -14,15 +14,16 @@ from typing import Any
 
 import torch
 
-from rlhf.data.tokenizer import Tokenizer, load_tokenizer
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone, freeze
-from rlhf.params import Params, group_hash
-from rlhf.stages.support import paths
+from rlhf.params import Params
+from rlhf.params.schema import group_hash
+from rlhf.project import paths
+from rlhf.project.imports import code_closure
+from rlhf.project.specs import StageSpec
 from rlhf.stages.support.common import console, file_digest, params
-from rlhf.stages.support.imports import code_closure
 from rlhf.stages.support.outputs import begin
-from rlhf.stages.support.specs import StageSpec
+from rlhf.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from rlhf.train.device import pin_threads, resolve_device
 from rlhf.train.distributed import World, current_world, join
 from rlhf.train.memory import Workload, preflight

@@ -9,8 +9,8 @@ from typing import Any
 
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
-from rlhf.params import OptimParams
-from rlhf.stages.support import paths
+from rlhf.params.groups import OptimParams
+from rlhf.project import paths
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
 from rlhf.stages.support.trained import finish, reporting, stage_curves

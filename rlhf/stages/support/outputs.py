@@ -16,9 +16,9 @@ from typing import IO, Any
 from rlhf.atomic import Publication, publication, remove_stale, write_csv, write_json
 from rlhf.errors import OutputError, PipelineError
 from rlhf.locks import try_lock
-from rlhf.stages.support import paths
-from rlhf.stages.support.metric_files import headline_view
-from rlhf.stages.support.specs import StageSpec
+from rlhf.project import paths
+from rlhf.project.metric_files import headline_view
+from rlhf.project.specs import StageSpec
 
 
 class StageBusy(PipelineError):

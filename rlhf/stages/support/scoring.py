@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlhf.algorithms.scorers import ScoringContext
+from rlhf.project import paths
+from rlhf.project.folders import require_tracked
 from rlhf.reward_sources import Source
-from rlhf.stages.support import paths
 from rlhf.stages.support.context import StageRun
-from rlhf.stages.support.folders import require_tracked
 
 
 def scoring_context(

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from rich.progress import Progress
 
 from rlhf.atomic import Publication
-from rlhf.stages.support import paths
+from rlhf.project import paths
+from rlhf.project.specs import StageSpec
 from rlhf.stages.support.common import progress
 from rlhf.stages.support.context import StageRun
-from rlhf.stages.support.specs import StageSpec
 from rlhf.train.curves import METRICS_FOLDER, Curves, NoCurves, curve_log
 
 

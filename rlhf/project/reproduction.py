@@ -1,0 +1,122 @@
+"""Whether a run reproduced the committed outputs, on any x86-64 CPU: `rlhf reproduced`, and
+CI's check of the README's install-and-run (`.ci/outputs.py`).
+
+Float rounding depends on the CPU (MKL picks kernels by vendor, AVX-512 sums in another order
+than AVX2), and training compounds a last-bit difference into another run altogether. So the
+committed outputs name the CPU that made them (`COMMITTED_CPU`, `rlhf.cpu.cpu_signature`), and
+the check that runs depends on the CPU here:
+
+- the same signature: the bytes. The run must leave every file git tracks as it is.
+- another signature: the seed spread. Every headline number `rlhf compare` shows must lie
+  within the band the committed seeds (`SEEDS`) give it (`Spread.band`).
+
+A file the run adds that git does not know fails either check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlhf.cpu import cpu_signature
+from rlhf.errors import OutputError
+from rlhf.eval.seeds import OTHER_CPU_STDS, Spread, compared_numbers
+from rlhf.project.experiments import read_run
+
+COMMITTED_CPU = Path("docs/committed-cpu.json")  # the CPU the committed outputs come from
+SEEDS = Path("docs/seeds.json")  # `rlhf compare --json` of the default at several seeds
+BYTES, SEED_SPREAD = "bytes", "seed spread"
+
+
+@dataclass
+class Verdict:
+    check: str  # BYTES or SEED_SPREAD
+    why: str  # which CPUs: the reason that check ran
+    table: list[str] = field(default_factory=list)  # the spread check's numbers, a line each
+    failures: list[str] = field(default_factory=list)  # empty: reproduced
+
+
+def described(signature: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in signature.items())
+
+
+def committed_cpu(root: Path) -> dict[str, str] | None:
+    """The signature of the CPU that made the committed outputs; None where none is recorded
+    (a project of the user's own)."""
+    path = root / COMMITTED_CPU
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def other_cpu_line(root: Path) -> str | None:
+    """One line for a user whose numbers differ from the committed ones because this CPU is
+    not the one that made them; None on that CPU, or where no CPU is recorded."""
+    committed = committed_cpu(root)
+    here = cpu_signature()
+    if committed is None or committed == here:
+        return None
+    return (
+        f"the committed outputs were made on another CPU ({committed['model']}, "
+        f"{committed['torch_dispatch']}, torch {committed['torch']}; this one: {here['model']}, "
+        f"{here['torch_dispatch']}, torch {here['torch']}): float rounding differs from the "
+        "first step, so this run's numbers differ as another seed's would; `rlhf reproduced` "
+        "checks that they lie within the committed seed spread"
+    )
+
+
+def out_of_spread(numbers: dict[str, float], spread: dict[str, Spread]) -> list[str]:
+    """A line for each committed headline number this run lacks or puts outside its band."""
+    failures = []
+    for key, s in spread.items():
+        low, high = s.band()
+        value = numbers.get(key)
+        if value is None:
+            failures.append(f"{key}: missing from this run's metrics")
+        elif not low <= value <= high:
+            failures.append(f"{key}: {value:.4f} outside {low:.4f} – {high:.4f}")
+    return failures
+
+
+def spread_table(root: Path) -> tuple[list[str], list[str]]:
+    """Every headline number of the run in `root` against the committed seeds' band: the
+    table's lines, and the numbers outside."""
+    committed = json.loads((root / SEEDS).read_text())
+    spread = {key: Spread(**value) for key, value in committed["spread"].items()}
+    _, metrics = read_run(
+        lambda path: (root / path).read_text() if (root / path).exists() else "{}"
+    )
+    numbers = compared_numbers(metrics)  # a file the run lacks: each of its numbers missing
+    seeds = len(committed["seeds"])
+    lines = [f"{'number':<40} {'this run':>9}  band ({seeds} seeds' mean ± {OTHER_CPU_STDS:g} std)"]
+    for key, s in spread.items():
+        low, high = s.band()
+        value = numbers.get(key)
+        shown = "–" if value is None else f"{value:.4f}"
+        lines.append(f"{key:<40} {shown:>9}  {low:.4f} – {high:.4f}")
+    return lines, out_of_spread(numbers, spread)
+
+
+def check(root: Path) -> Verdict:
+    """The bytes on the CPU that made the committed outputs, the seed spread on any other."""
+    committed, here = committed_cpu(root), cpu_signature()
+    if committed is None:
+        raise OutputError(f"{root / COMMITTED_CPU}: no record of the CPU that made the outputs")
+    status = git_status(root)
+    if here == committed:
+        why = f"this CPU made the committed outputs: {described(here)}"
+        return Verdict(BYTES, why, failures=[f"changed: {line}" for line in status])
+    why = (
+        f"the committed outputs come from another CPU: {described(committed)}; "
+        f"this one: {described(here)}"
+    )
+    table, failures = spread_table(root)
+    untracked = [f"not in git: {line[3:]}" for line in status if line.startswith("??")]
+    return Verdict(SEED_SPREAD, why, table, untracked + failures)
+
+
+def git_status(root: Path) -> list[str]:
+    done = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=root, check=True, capture_output=True, text=True
+    )
+    return done.stdout.splitlines()

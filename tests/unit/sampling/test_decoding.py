@@ -1,0 +1,88 @@
+"""The static decoding step: compiled whole, never recompiled as positions move, and the same
+tokens and log-probs as the eager steps from the same row streams."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from rlhf.sampling import generate as decoding
+from rlhf.sampling.sampler import SamplingConfig, choose_from_probs, draws_per_step
+
+from decoding_cases import EOS, MODELS, PAD, PROMPTS, SAMPLINGS, adapted, decode, gpt
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test compiles from nothing (and leaves nothing compiled to the next)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_decode_step_compiles_whole_once_for_a_whole_generation(name, monkeypatch):
+    """fullgraph: any graph break fails. A 128-step generation (rows that never end)
+    compiles the first step's sampling and the decoding step once each; another batch of
+    other prompt lengths (so other positions at every step, within the same cache bucket)
+    compiles nothing more."""
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "eager")  # capture alone: no codegen
+    model = MODELS[name]()
+    counters.clear()
+    config = SAMPLINGS["whole distribution"]
+    out = decode(model, "compiled", config, monkeypatch, eos=-1)  # no row ends
+    assert out.mask.all()  # 128 steps, at moving positions
+    assert counters["stats"]["unique_graphs"] == 2
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        other_lengths = [[*p[::-1], 30] for p in PROMPTS[::-1]]
+        decode(model, "compiled", config, monkeypatch, prompts=other_lengths, eos=-1)
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("pad", [PAD, EOS], ids=["pad!=end", "pad=end"])
+def test_static_steps_sample_what_eager_steps_sample(name, sampling, pad, monkeypatch):
+    """The static path (preallocated cache read whole, every nucleus draw at once) captured
+    by dynamo against the eager steps, from the same streams: the same tokens, rows ending
+    at different steps, and log-probs within float rounding (the static cache's attention
+    sums over the whole buffer)."""
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "eager")
+    model, config = MODELS[name](), SAMPLINGS[sampling]
+    eager = decode(model, "eager", config, monkeypatch, pad)
+    static = decode(model, "compiled", config, monkeypatch, pad)
+    assert torch.equal(static.tokens, eager.tokens) and torch.equal(static.mask, eager.mask)
+    torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-6, rtol=0)
+    if name == "gpt":
+        assert len(set(eager.mask.sum(-1).tolist())) > 1  # rows ended apart
+
+
+@pytest.mark.slow
+def test_the_inductor_compiled_step_samples_what_eager_steps_sample(monkeypatch):
+    """Compiled to kernels (what a GPU runs, here on the CPU), top-p included: the same
+    tokens, log-probs within 1e-6."""
+    model = adapted(gpt())
+    config = SamplingConfig(max_new_tokens=48, top_p=0.8, temperature=1.2)
+    eager = decode(model, "eager", config, monkeypatch)
+    compiled = decode(model, "compiled", config, monkeypatch)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-6, rtol=0)
+
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
+def test_the_compiled_choice_at_gpt2s_vocabulary_is_the_eager_choice(device):
+    """Inductor kernels for the choice of a token, at GPT-2's 50257 tokens (where CUDA's
+    inductor would split the running sums into a kernel torch 2.11 fails to generate), from
+    the same probabilities and uniforms: exactly the eager tokens, for every sampling rule."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 50257, generator=generator) * 3  # [B, V]
+    probs = logits.softmax(-1).to(device)
+    uniforms = torch.rand(16, 9, generator=generator).to(device)  # the most a step draws
+    for config in SAMPLINGS.values():
+        u = uniforms[:, : draws_per_step(config, 50257)]  # [B, R]
+        choose = torch.compile(choose_from_probs, fullgraph=True, dynamic=False)
+        compiled = choose(probs, config, u, static=True)
+        assert torch.equal(compiled, choose_from_probs(probs, config, u, static=True))
+        assert torch.equal(compiled, choose_from_probs(probs, config, u))
