@@ -300,7 +300,7 @@ def run(algorithm: str) -> dict[str, Any]:
     with judged_as_reference:
         metrics = summary(history, trainer) | versus_reference(
             policy, reference, stage.tokenizer, heldout,
-            reward=(shared.reward, trainer.scorer), samples=shared.eval_samples,
+            reward=(shared.reward, trainer.experience.scorer), samples=shared.eval_samples,
             max_new_tokens=shared.max_new_tokens, seed=p.seed,
             batch_size=shared.eval_batch_size,
         )  # fmt: skip

@@ -421,7 +421,7 @@ def test_a_reward_model_of_another_family_scores_through_transformers(deberta, t
     assert scores.std() > 0.01  # distinct scores, not a constant
 
     trainer = trainer_for(trained_project, "ppo", {"batch_size": 8, "minibatch_size": 8})
-    trainer.scorer = scorer
+    trainer.experience.scorer = scorer
     for _ in range(2):
         _, experience = trainer.iteration()
     rollout = experience.rollout
