@@ -4,9 +4,11 @@ metrics/details/NAME.json for the report."""
 
 import json
 
+from rlhf.atomic import publication
 from rlhf.eval.seeds import compared_files, compared_numbers
 from rlhf.project.metric_files import headline_view, read_metrics
 from rlhf.stages import evaluate, rm
+from rlhf.stages.support.outputs import write_metrics
 
 from conftest import REPO, clean_env, sh
 
@@ -44,10 +46,17 @@ def test_off_the_task_suite_the_reward_models_win_rates_are_headline():
     assert headline_view(trained, rm.SPEC.headline) == {"acc": 0.8, "loss": 0.5}
 
 
-def test_the_details_file_holds_everything(tmp_path):
+def test_evaluate_writes_everything_to_details_and_a_headline_file_per_policy(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "metrics" / "details").mkdir(parents=True)
-    (tmp_path / "metrics" / "details" / "eval.json").write_text(json.dumps(EVALUATION))
-    assert read_metrics("eval", tmp_path) == EVALUATION
+    with publication() as out:
+        write_metrics(out, evaluate.SPEC, EVALUATION, policies=["sft", "ppo"])
+    assert read_metrics("eval", tmp_path) == EVALUATION  # headline numbers included
+    written = {f.name: json.loads(f.read_text()) for f in (tmp_path / "metrics/eval").iterdir()}
+    assert written == {"sft.json": headline_view(EVALUATION, evaluate.SPEC.headline, policy="sft"),
+                       "ppo.json": ppo_view(EVALUATION)}  # fmt: skip
 
 
 def test_rlhf_compare_reads_each_policys_file_and_the_reward_models():
