@@ -27,6 +27,7 @@ import gc
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -77,9 +78,16 @@ def random_examples(shape: Shape, count: int, seed: int) -> list[Example]:
 
 
 def step_seconds(
-    folder: Path, shape: Shape, device: torch.device, batch: int, steps: int, compiled: bool
+    folder: Path,
+    shape: Shape,
+    device: torch.device,
+    batch: int,
+    steps: int,
+    compiled: bool,
+    after_step: Callable[[int], None] = lambda step: None,
 ) -> tuple[list[float], int]:
-    """Seconds of each SFT step, and the tokens of one step."""
+    """Seconds of each SFT step, and the tokens of one step; `after_step(step)` runs after
+    each step is timed (a profiler around one step starts and stops there)."""
     model = load_folder(folder, device)
     if compiled:
         model.compile_blocks()
@@ -90,6 +98,7 @@ def step_seconds(
     def on_step(step: int, total: int, loss: float) -> None:
         synchronize(device)
         ends.append(time.perf_counter())
+        after_step(step)
 
     synchronize(device)
     started = time.perf_counter()
