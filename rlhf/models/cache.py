@@ -61,14 +61,26 @@ class KVCache:
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.length = 0  # tokens cached, while prefilling
         self.column: Tensor | None = None  # [1] where the next token goes, once decoding
+        self.decoding = False
 
     def start_decoding(self) -> None:
-        """From here on each forward adds one token per row, at `column` on the device."""
-        self.column = torch.tensor([self.length], device=self.key_mask.device)
+        """From here on each forward adds one token per row, at `column` on the device (the
+        same tensor for every generation over this cache: a captured graph reads it)."""
+        if self.column is None:
+            self.column = torch.zeros(1, dtype=torch.long, device=self.key_mask.device)
+        self.column.fill_(self.length)
+        self.decoding = True
+
+    def reset(self) -> None:
+        """Empty, for the next prompt's prefill, in place: the buffers stay where they are
+        and the columns not written again are masked."""
+        self.key_mask.zero_()
+        self.length = 0
+        self.decoding = False
 
     def prepare(self, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Record the new tokens' padding [B, T]; return their attention mask and positions."""
-        if self.column is not None:
+        if self.decoding:
             return self._prepare_step(attention_mask)
         end = self.length + attention_mask.shape[1]
         if end > self.shape[2]:
@@ -93,7 +105,7 @@ class KVCache:
         if not self.keys:
             self.keys = [k.new_zeros(self.shape) for _ in range(self.n_layer)]
             self.values = [v.new_zeros(self.shape) for _ in range(self.n_layer)]
-        if self.column is not None:
+        if self.decoding:
             self.keys[layer].index_copy_(2, self.column, k)
             self.values[layer].index_copy_(2, self.column, v)
             return self.keys[layer], self.values[layer]
@@ -103,7 +115,7 @@ class KVCache:
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def advance(self, steps: int) -> None:
-        if self.column is not None:
+        if self.decoding:
             self.column.add_(steps)
         else:
             self.length += steps

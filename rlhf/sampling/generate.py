@@ -18,11 +18,21 @@ has ended is checked every `CHECK_EVERY` steps there. How the steps run (`RLHF_D
 All three give the same tokens from the same uniforms, the compiled steps log-probs within float
 rounding of the eager ones (their attention sums over the whole buffer); a model sharded across
 processes (FSDP2, whose hooks cannot be captured) decodes eagerly.
+
+The static modes keep each shape's buffers (cache and decoding state) and its captured graph
+with the model (`Decoder`), so a later call of the same shape copies its prompts and uniforms
+in and replays, without compiling or capturing again; the batch is padded up to `batch_to`
+rows and the steps up to whole graphs, so the last, smaller batch of a prompt set and any
+answer length reuse them too. Replacing or moving the model's parameters drops them; training
+updates them in place and keeps them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -76,6 +86,28 @@ class DecodeState:
     logprobs: Tensor  # [B, N]
     finished: Tensor  # [B] True once the row emitted the end token
 
+    @classmethod
+    def empty(cls, batch: int, steps: int, draws: int, device: torch.device) -> DecodeState:
+        return cls(
+            uniforms=torch.zeros((batch, steps, draws), device=device),
+            step=torch.zeros(1, dtype=torch.long, device=device),
+            tokens=torch.zeros((batch, steps), dtype=torch.long, device=device),
+            mask=torch.zeros((batch, steps), dtype=torch.bool, device=device),
+            logprobs=torch.zeros((batch, steps), device=device),
+            finished=torch.zeros(batch, dtype=torch.bool, device=device),
+        )
+
+    def reset(self, uniforms: Tensor, pad_id: int) -> None:
+        """Start a generation in place (a captured graph reads these very tensors): this
+        call's uniforms [b, n, R] in the first rows and steps, zeros after them."""
+        self.uniforms.zero_()
+        self.uniforms[: uniforms.shape[0], : uniforms.shape[1]] = uniforms
+        self.step.zero_()
+        self.tokens.fill_(pad_id)
+        self.mask.zero_()
+        self.logprobs.zero_()
+        self.finished.zero_()
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -117,9 +149,59 @@ def decode_step(model: Backbone, cache: KVCache, state: DecodeState, s: Sampling
 
 def compiled(function: Callable[..., None]) -> Callable[..., None]:
     """`function` compiled whole (a graph break is an error), for fixed shapes: a new batch
-    shape compiles anew, each position and row content reuses it (torch keeps what it
-    compiled with the function's code, across calls)."""
-    return torch.compile(function, fullgraph=True, dynamic=False, backend=COMPILE_BACKEND)
+    shape compiles anew, each position and row content reuses it. One wrapper per function
+    and backend for the process, so calls do not wrap it again."""
+    return _compiled(function, COMPILE_BACKEND)
+
+
+@functools.cache
+def _compiled(function: Callable[..., None], backend: str) -> Callable[..., None]:
+    return torch.compile(function, fullgraph=True, dynamic=False, backend=backend)
+
+
+@dataclass
+class Decoder:
+    """One shape's static buffers, kept with the model between calls: the cache and the
+    decoding state, and on CUDA the graph of `CHECK_EVERY` steps captured over them."""
+
+    cache: KVCache
+    state: DecodeState
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+# Shapes whose buffers a model keeps (the least recently used goes first): a stage's sampling
+# settings and batch shapes, without holding every evaluation's caches at once.
+KEPT_DECODERS = 4
+
+
+@dataclass
+class Decoders:
+    parameters: tuple[int, ...]  # where the model's parameters lived when these were made
+    by_shape: OrderedDict[tuple, Decoder]
+
+
+_decoders: weakref.WeakKeyDictionary[Backbone, Decoders] = weakref.WeakKeyDictionary()
+
+
+def parameter_places(model: Backbone) -> tuple[int, ...]:
+    """The parameters' storage addresses: replaced or moved parameters change them, in-place
+    updates keep them."""
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
+def kept_decoder(model: Backbone, shape: tuple, make: Callable[[], Decoder]) -> Decoder:
+    """The model's decoder for `shape`, made (and the oldest dropped) when it has none; all
+    of them dropped when the model's parameters moved since they were made."""
+    places = parameter_places(model)
+    kept = _decoders.get(model)
+    if kept is None or kept.parameters != places:
+        kept = _decoders[model] = Decoders(places, OrderedDict())
+    if shape not in kept.by_shape:
+        kept.by_shape[shape] = make()
+        while len(kept.by_shape) > KEPT_DECODERS:
+            kept.by_shape.popitem(last=False)
+    kept.by_shape.move_to_end(shape)
+    return kept.by_shape[shape]
 
 
 # Compiled steps one process may keep per function: batch shapes, cache buckets, sampling
@@ -142,29 +224,38 @@ def decode_mode(model: Backbone, device: torch.device) -> str:
     return mode
 
 
-def run_steps(step: Callable[[], None], count: int, finished: Tensor, graph: bool) -> None:
-    """Call `step` up to `count` times, stopping once every row has ended (checked every
-    `CHECK_EVERY` steps on a GPU, every step elsewhere). `graph`: after one warm-up step,
-    CHECK_EVERY steps are captured as one CUDA graph and replayed while that many remain."""
-    every = CHECK_EVERY if finished.is_cuda else 1
-    done = 0
-    if graph and count >= 1 + every:
-        side = torch.cuda.Stream()  # warm up off the capturing stream, as CUDA graphs need
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        done = 1
-        captured = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured):
-            for _ in range(every):
-                step()
-        while count - done >= every and not bool(finished.all()):
-            captured.replay()
-            done += every
-    while done < count and (done % every or not bool(finished.all())):
+def run_steps(step: Callable[[], None], count: int, finished: Tensor, every: int) -> None:
+    """Call `step` `count` times, stopping early once every row has ended, checked every
+    `every` steps (a check makes a GPU's host wait for its queue)."""
+    for done in range(count):
+        if done % every == 0 and bool(finished.all()):
+            return
         step()
-        done += 1
+
+
+def replay(graph: torch.cuda.CUDAGraph, count: int, finished: Tensor) -> None:
+    """Replay the graph of CHECK_EVERY steps `count` times, stopping early once every row has
+    ended (checked between replays)."""
+    for _ in range(count):
+        if bool(finished.all()):
+            return
+        graph.replay()
+
+
+def capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """CHECK_EVERY steps captured as one CUDA graph, after one step on a side stream (as CUDA
+    graphs need: it compiles and allocates) over whatever the buffers hold; the caller
+    resets them after."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CHECK_EVERY):
+            step()
+    return graph
 
 
 @torch.no_grad()
@@ -176,9 +267,13 @@ def generate(
     pad_id: int,
     config: SamplingConfig,
     generator: RandomSource = None,
+    batch_to: int = 0,
 ) -> Generation:
     """Sample responses for token-id prompts; prompts longer than the context keep their end.
-    `generator`: a torch generator, or `RowStreams` with a stream for each prompt."""
+    `generator`: a torch generator, or `RowStreams` with a stream for each prompt.
+    `batch_to`: the static modes decode at least this many rows, padding the batch with
+    copies of its first prompt that draw no randomness and whose answers are dropped, so a
+    smaller last batch reuses the full batches' compiled step and graph."""
     device = next(model.parameters()).device
     budget = model.max_seq_len - config.max_new_tokens
     if budget < 1:
@@ -190,44 +285,94 @@ def generate(
     prompt, prompt_mask = left_pad([list(p)[-budget:] for p in prompts], pad_id)
     prompt, prompt_mask = prompt.to(device), prompt_mask.to(device)
     batch, steps = prompt.shape[0], config.max_new_tokens
-    length = prompt.shape[1] + steps
-    if mode != "eager":
-        length = min(-(-length // CACHE_BUCKET) * CACHE_BUCKET, model.max_seq_len)
-    cache = model.new_cache(batch, length, device)
-
     draws = draws_per_step(config, model.config.vocab_size)
     shared = None if isinstance(generator, RowStreams) else shared_generator(generator, device)
     before = shared.get_state() if shared is not None else None
-    state = DecodeState(
-        uniforms=uniform_table(generator, batch, steps, draws, device),
-        step=torch.zeros(1, dtype=torch.long, device=device),
-        tokens=torch.full((batch, steps), pad_id, dtype=torch.long, device=device),
-        mask=torch.zeros((batch, steps), dtype=torch.bool, device=device),
-        logprobs=torch.zeros((batch, steps), device=device),
-        finished=torch.zeros(batch, dtype=torch.bool, device=device),
-    )
+    uniforms = uniform_table(generator, batch, steps, draws, device)  # [B, N, R]
     constants = Sampling(config, eos_id, pad_id, static=mode != "eager")
-    first, step = choose_next, decode_step
-    if mode != "eager":
-        first, step = compiled(choose_next), compiled(decode_step)
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        last_logits = model(prompt, prompt_mask, cache, last_only=True)[:, -1]  # [B, V]
-        first(state, last_logits, constants)
-        if mode != "eager":  # eager steps attend over the columns written so far, as ever
-            cache.start_decoding()
-        run_steps(
-            lambda: step(model, cache, state, constants), steps - 1, state.finished, mode == "graph"
-        )
+    if mode == "eager":
+        state = eager_generation(model, prompt, prompt_mask, uniforms, constants)
+    else:
+        graphs = mode == "graph"
+        state = static_generation(model, prompt, prompt_mask, uniforms, constants, batch_to, graphs)
+    tokens, mask = state.tokens[:batch, :steps].clone(), state.mask[:batch, :steps].clone()
     if shared is not None and before is not None:  # as stopping at once leaves it
-        settle(shared, before, int(state.mask.sum(-1).max()) * draws * batch)
+        settle(shared, before, int(mask.sum(-1).max()) * draws * batch)
     return Generation(
         prompt=prompt,
         prompt_mask=prompt_mask,
-        tokens=state.tokens,
-        mask=state.mask,
-        logprobs=state.logprobs,
-        ended=((state.tokens == eos_id) & state.mask).any(dim=-1),
+        tokens=tokens,
+        mask=mask,
+        logprobs=state.logprobs[:batch, :steps].clone(),
+        ended=((tokens == eos_id) & mask).any(dim=-1),
     )
+
+
+def eager_generation(
+    model: Backbone, prompt: Tensor, prompt_mask: Tensor, uniforms: Tensor, s: Sampling
+) -> DecodeState:
+    """The reference: op by op, each step attending over the cache's columns written so far."""
+    (batch, steps, draws), device = uniforms.shape, prompt.device
+    cache = model.new_cache(batch, prompt.shape[1] + steps, device)
+    state = DecodeState.empty(batch, steps, draws, device)
+    state.reset(uniforms, s.pad_id)
+    choose_next(state, model(prompt, prompt_mask, cache, last_only=True)[:, -1], s)
+    every = CHECK_EVERY if device.type == "cuda" else 1
+    run_steps(lambda: decode_step(model, cache, state, s), steps - 1, state.finished, every)
+    return state
+
+
+def static_generation(
+    model: Backbone,
+    prompt: Tensor,
+    prompt_mask: Tensor,
+    uniforms: Tensor,
+    s: Sampling,
+    batch_to: int,
+    graphs: bool,
+) -> DecodeState:
+    """The compiled steps over the model's kept buffers for this shape: on CUDA replays of
+    CHECK_EVERY captured steps only, the answer's steps rounded up to whole graphs (the steps
+    past the answer's length are dropped), every row's end checked between replays."""
+    (batch, steps, draws), device = uniforms.shape, prompt.device
+    every = CHECK_EVERY if graphs else 1
+    rows = max(batch, batch_to)
+    if rows > batch:  # [rows, P]: copies of the first prompt
+        prompt = torch.cat([prompt, prompt[:1].expand(rows - batch, -1)])
+        prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(rows - batch, -1)])
+    decode_steps = -(-(steps - 1) // every) * every  # whole graphs
+    needed = prompt.shape[1] + decode_steps + 1
+    length = min(-(-needed // CACHE_BUCKET) * CACHE_BUCKET, model.max_seq_len)
+    if needed > length:  # the rounding would pass the context: the answer's steps only
+        decode_steps = steps - 1
+    whole, single = divmod(decode_steps, every) if graphs else (0, decode_steps)
+    shape = (rows, length, 1 + decode_steps, draws, s, torch.is_autocast_enabled(device.type))
+    decoder = kept_decoder(
+        model,
+        shape,
+        lambda: Decoder(
+            model.new_cache(rows, length, device),
+            DecodeState.empty(rows, 1 + decode_steps, draws, device),
+        ),
+    )
+    cache, state = decoder.cache, decoder.state
+    step = functools.partial(compiled(decode_step), model, cache, state, s)
+
+    def start() -> None:  # in place: the prefill and the first token (its choice eager)
+        cache.reset()
+        state.reset(uniforms, s.pad_id)
+        choose_next(state, model(prompt, prompt_mask, cache, last_only=True)[:, -1], s)
+        cache.start_decoding()
+
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        start()
+        if graphs and whole and decoder.graph is None:
+            decoder.graph = capture(step)
+            start()  # the capture's warm-up step moved the buffers on
+        if decoder.graph is not None:
+            replay(decoder.graph, whole, state.finished)
+        run_steps(step, single, state.finished, every)
+    return state
 
 
 def generate_texts(
@@ -253,6 +398,7 @@ def generate_texts(
             pad_id=tokenizer.pad_id,
             config=config,
             generator=generator,
+            batch_to=batch_size,
         )
         for row, ids in zip(rows, out.tokens.tolist(), strict=True):
             answers[row] = decode_response(tokenizer, ids)

@@ -26,6 +26,7 @@ from rlhf.train.loop import Callbacks, Objective, ResumeFile, fit
 from rlhf.train.optim import adamw
 
 from decoding_cases import MODELS, SAMPLINGS, decode
+from decoding_cases import PROMPTS as PROMPTS_IDS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -140,6 +141,27 @@ def test_graph_decoding_samples_what_eager_decoding_samples(name, monkeypatch):
         graphed = decode(model, "graph", config, monkeypatch)
         assert torch.equal(graphed.tokens, eager.tokens)
         torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_shapes_captured_graph_is_replayed_by_later_calls_as_fresh_ones_decode(monkeypatch):
+    """Two calls of one shape: the second replays the graph the first captured (the same
+    graph object, kept with the model) and gives exactly what a fresh capture gives; answers
+    of 40 tokens run as 5 replays of 8 steps (39 rounded up), their extra step dropped."""
+    from rlhf.sampling import generate as decoding
+
+    model, config = MODELS["gpt"]().to(CUDA), SAMPLINGS["top-p"]
+    other = [[*p[::-1], 30] for p in PROMPTS_IDS[::-1]]
+    first = decode(model, "graph", config, monkeypatch, prompts=PROMPTS_IDS)
+    (decoder,) = decoding._decoders[model].by_shape.values()
+    graph = decoder.graph
+    assert graph is not None and decoder.state.tokens.shape[1] == 41
+    second = decode(model, "graph", config, monkeypatch, prompts=other)
+    (kept,) = decoding._decoders[model].by_shape.values()
+    assert kept is decoder and kept.graph is graph
+    decoding._decoders.pop(model)
+    fresh = decode(model, "graph", config, monkeypatch, prompts=other)
+    assert torch.equal(second.tokens, fresh.tokens) and torch.equal(second.logprobs, fresh.logprobs)
+    assert first.tokens.shape[1] == 40
 
 
 def test_graph_decoding_at_gpt2s_vocabulary_and_context(monkeypatch):
