@@ -6,10 +6,10 @@ the whole vocabulary for every token of the batch, and their gradient: 3.3 GB ea
 and each chunk's gradients (for the hidden states and the head's weight) are computed as soon
 as its loss is (the fused linear cross-entropy of Liger-Kernel and Apple's cut cross-entropy,
 in torch ops): the backward pass only scales them, so no chunk's logits outlive it and the head
-never runs twice. Each chunk is the plain computation on its tokens, differentiated by autograd
-itself (under autocast the head's matmuls run in bfloat16 as `nn.Linear`'s would): a batch of
-one chunk gets the plain loss and gradients bit for bit, more chunks up to the order in which
-their sums are added.
+never runs twice. Each chunk is the plain computation on its tokens, its gradients the very
+kernels autograd would run for it (under autocast the head's matmuls run in bfloat16 as
+`nn.Linear`'s would): a batch of one chunk gets the plain loss and gradients bit for bit, more
+chunks up to the order in which their sums are added.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn import _reduction
 
 from rlhf.data.batching import IGNORE_INDEX
 
 CHUNK_TOKENS = 4096  # tokens whose logits one chunk holds: [4096, V] float32 at a time
+SUM = _reduction.get_enum("sum")
+aten = torch.ops.aten
 
 # (hidden [n, C], weight [V, C], targets [n], scale, grad for hidden?, grad for weight?)
 # -> (summed loss, scale times its gradient for hidden or None, for weight or None)
@@ -38,28 +41,26 @@ def chunk_terms(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
     """One chunk's summed cross-entropy over its targets that are not IGNORE_INDEX, and
     `scale` times that sum's gradients for `hidden` [n, C] and for the head's `weight`
-    [V, C], where asked."""
-    with torch.enable_grad():
-        hidden = hidden.detach().requires_grad_(for_hidden)
-        weight = weight.detach().requires_grad_(for_weight)
-        logits = F.linear(hidden, weight).float()  # [n, V]
-        loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-        if not (for_hidden or for_weight):
-            return loss.detach(), None, None
-        wanted = [t for t, want in ((hidden, for_hidden), (weight, for_weight)) if want]
-        grads = iter(torch.autograd.grad(loss, wanted, grad_outputs=scale))
-    return (
-        loss.detach(),
-        next(grads) if for_hidden else None,
-        next(grads) if for_weight else None,
-    )
+    [V, C], where asked. The gradients are written out as the ATen backward kernels autograd
+    runs for the plain loss (so bit for bit its gradients), which leaves a compiled chunk
+    without a graph break."""
+    out = F.linear(hidden, weight)  # [n, V]; bfloat16 under autocast
+    logp = out.float().log_softmax(-1)
+    loss, total_weight = aten.nll_loss_forward(logp, targets, None, SUM, IGNORE_INDEX)
+    if not (for_hidden or for_weight):
+        return loss, None, None
+    grad = aten.nll_loss_backward(scale, logp, targets, None, SUM, IGNORE_INDEX, total_weight)
+    grad_out = aten._log_softmax_backward_data(grad, logp, -1, logp.dtype).to(out.dtype)
+    grad_hidden = grad_out.mm(weight.to(out.dtype)).to(hidden.dtype) if for_hidden else None
+    grad_weight = grad_out.t().mm(hidden.to(out.dtype)).to(weight.dtype) if for_weight else None
+    return loss, grad_hidden, grad_weight
 
 
 @functools.cache
 def compiled_chunk_terms() -> ChunkTerms:
-    """`chunk_terms` compiled (its shapes marked dynamic as they vary), for the models
+    """`chunk_terms` compiled whole (its shapes marked dynamic as they vary), for the models
     whose blocks are compiled."""
-    return torch.compile(chunk_terms)
+    return torch.compile(chunk_terms, fullgraph=True)
 
 
 def target_count(targets: Tensor) -> Tensor:
