@@ -89,7 +89,8 @@ bench() {  # the three benchmarks in full, each on its own: one failing does not
 
 measure() {  # rows in $out/measure.jsonl as measured; the targets in $out/measure.json
     local deadline=$((SECONDS + limit))
-    python3 -c "import rlhf" 2> /dev/null || setup || return 1
+    # installed, not just importable from here (the parts run from benchmarks/)
+    (cd / && python3 -c "import rlhf" 2> /dev/null) || setup || return 1
     # shellcheck disable=SC2086  # MEASURE_ARGS: more options, e.g. "--device cpu --shape tiny"
     timeout --kill-after=20 $((deadline - SECONDS)) python3 benchmarks/measure.py --device cuda \
         --out-dir "$out" --seconds $((deadline - SECONDS - 30)) ${MEASURE_ARGS:-} 2>&1 \
