@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +58,37 @@ PARTS = ("probe", "rollout", "ppo", "sft")  # never-measured figures first
 WEIGHTS = {"probe": 1, "sft": 2, "rollout": 3, "ppo": 3}
 ROWS, SUMMARY, KERNELS = "measure.jsonl", "measure.json", "kernels.txt"
 ROLLOUT_BATCHES, ROLLOUT_NEW_TOKENS = (64, 256), (32, 128)
-TARGETS_TOKENS_PER_S = {64: 64_000, 256: 200_000}  # per call, 128 new tokens
-TARGET_HF_SPEEDUP, TARGET_CALL_OVER_STEPS = 4.0, 1.3  # at batch 64; 32-token calls
-TARGET_SFT_TOKENS_PER_S = 450_000
-TARGET_ITERATION_S, TARGET_UPDATE_TOKENS_PER_S = 0.8, 150_000
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU speed target: the `field` of the last row of `part` that has `row`'s keys, at
+    least (or, `at_most`, at most) `bound`."""
+
+    text: str
+    part: str
+    row: tuple[tuple[str, Any], ...]
+    field: str
+    bound: float
+    at_most: bool = False
+
+
+ROLLOUT_64 = (("kind", "calls"), ("batch", 64))
+TARGETS = (
+    Target("rollout at batch 64, 128 new tokens: >= 64000 tokens/s", "rollout", ROLLOUT_64,
+           "tokens_per_s", 64_000),
+    Target("rollout at batch 256, 128 new tokens: >= 200000 tokens/s", "rollout",
+           (("kind", "calls"), ("batch", 256)), "tokens_per_s", 200_000),
+    Target("rollout at batch 64: >= 4.0x HF generate", "rollout",
+           (("kind", "hf_generate"), ("batch", 64)), "speedup", 4.0),
+    Target("a 32-token call within 1.3x 32 steady steps", "rollout", ROLLOUT_64,
+           "call_over_steps", 1.3, at_most=True),
+    Target("SFT step: >= 450000 tokens/s", "sft", (("kind", "step"),), "tokens_per_s", 450_000),
+    Target("PPO iteration: <= 0.8 s", "ppo", (("kind", "iteration"),), "iteration_s", 0.8,
+           at_most=True),
+    Target("PPO update: >= 150000 tokens/s", "ppo", (("kind", "iteration"),),
+           "update_tokens_per_s", 150_000),
+)  # fmt: skip
 
 
 # the driver ---------------------------------------------------------------------------------
@@ -149,71 +176,13 @@ def drive(args: argparse.Namespace) -> int:
 def judge(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The GPU issue's targets against whatever rows were measured (a target whose rows are
     missing is not met, and says so)."""
-
-    def row(part: str, **match: Any) -> dict[str, Any] | None:
-        found = [r for r in rows if r.get("part") == part and match.items() <= r.items()]
-        return found[-1] if found else None
-
-    targets = []
-    for batch, wanted in TARGETS_TOKENS_PER_S.items():
-        call = row("rollout", kind="calls", batch=batch)
-        got = call["tokens_per_s"] if call else None
-        targets.append(
-            target(
-                f"rollout at batch {batch}, 128 new tokens: >= {wanted} tokens/s",
-                got,
-                got is not None and got >= wanted,
-            )
-        )
-    hf = row("rollout", kind="hf_generate", batch=64)
-    got = hf["speedup"] if hf else None
-    targets.append(
-        target(
-            f"rollout at batch 64: >= {TARGET_HF_SPEEDUP}x HF generate",
-            got,
-            got is not None and got >= TARGET_HF_SPEEDUP,
-        )
-    )
-    call = row("rollout", kind="calls", batch=64)
-    got = call["call_over_steps"] if call else None
-    targets.append(
-        target(
-            f"a 32-token call within {TARGET_CALL_OVER_STEPS}x 32 steady steps",
-            got,
-            got is not None and got <= TARGET_CALL_OVER_STEPS,
-        )
-    )
-    sft = row("sft", kind="step")
-    got = sft["tokens_per_s"] if sft else None
-    targets.append(
-        target(
-            f"SFT step: >= {TARGET_SFT_TOKENS_PER_S} tokens/s",
-            got,
-            got is not None and got >= TARGET_SFT_TOKENS_PER_S,
-        )
-    )
-    ppo = row("ppo", kind="iteration")
-    got = ppo["iteration_s"] if ppo else None
-    targets.append(
-        target(
-            f"PPO iteration: <= {TARGET_ITERATION_S} s",
-            got,
-            got is not None and got <= TARGET_ITERATION_S,
-        )
-    )
-    got = ppo["update_tokens_per_s"] if ppo else None
-    targets.append(
-        target(
-            f"PPO update: >= {TARGET_UPDATE_TOKENS_PER_S} tokens/s",
-            got,
-            got is not None and got >= TARGET_UPDATE_TOKENS_PER_S,
-        )
-    )
-    return targets
-
-
-def target(text: str, measured: float | None, met: bool) -> dict[str, Any]:
-    return {"target": text, "measured": measured, "met": met}
+    judged = []
+    for t in TARGETS:
+        found = [r for r in rows if r.get("part") == t.part and set(t.row) <= r.items()]
+        got = found[-1].get(t.field) if found else None
+        met = got is not None and (got <= t.bound if t.at_most else got >= t.bound)
+        judged.append({"target": t.text, "measured": got, "met": met})
+    return judged
 
 
 # the parts ----------------------------------------------------------------------------------
