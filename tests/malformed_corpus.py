@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -34,7 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +46,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+from rlhf import dvcfile
 from rlhf.dvcfile import declared_stages
 
 from conftest import (
@@ -193,6 +196,17 @@ Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 Q_NORM, K_NORM = (f"model.layers.0.self_attn.{x}_norm.weight" for x in "qk")  # 32 bytes each
 
 
+@contextmanager
+def inside(folder: Path) -> Iterator[None]:
+    """Run a project's command in this process, its working directory `folder` meanwhile."""
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
 def model_folder(
     template: str = CHATML,
     damage: Callable[[Path], None] = lambda folder: None,
@@ -234,8 +248,9 @@ def model_folder(
             shutil.move(save_folder(model, Path(tmp) / "m") / "model.safetensors", folder)
         damage(folder)
         edit_params(INIT if params is None else params)(project)
-        subprocess.run([sys.executable, "-m", "rlhf.cli", "dvc-yaml"], cwd=project,
-                       env=clean_env(), check=True, capture_output=True)  # fmt: skip
+        # `rlhf dvc-yaml`, in this process: its stages are imported already
+        with inside(project), redirect_stdout(io.StringIO()):
+            assert dvcfile.main([]) == 0
 
     return plant
 
@@ -710,12 +725,8 @@ def run_prefect(stage: str, cwd: Path) -> tuple[int, str]:
 
     from rlhf.flows.pipeline import stage_flow
 
-    previous = Path.cwd()
-    os.chdir(cwd)
-    try:
+    with inside(cwd):
         state = stage_flow(stage=stage, retries=0, return_state=True)
-    finally:
-        os.chdir(previous)
     if state.is_completed():
         return 0, ""
     runs_of = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
