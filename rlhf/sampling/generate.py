@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -38,7 +39,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.distributed.fsdp import FSDPModule
 
 from rlhf.data.batching import left_pad
 from rlhf.models.backbone import Backbone
@@ -209,13 +209,21 @@ def kept_decoder(model: Backbone, shape: tuple, make: Callable[[], Decoder]) -> 
 RECOMPILE_LIMIT = 64
 
 
+def sharded(model: Backbone) -> bool:
+    """Whether FSDP2 shards part of `model`. Only a process that imported FSDP can have
+    sharded it, so one that never did answers without that import (over a second of DTensor
+    and sympy at every stage's start)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and any(isinstance(m, fsdp.FSDPModule) for m in model.modules())
+
+
 def decode_mode(model: Backbone, device: torch.device) -> str:
     """How the steps run: `RLHF_DECODE` (auto: graph on CUDA, else eager), eager wherever
     the model is sharded across processes, compiled for graph off CUDA."""
     mode = os.environ.get("RLHF_DECODE", "auto")
     if mode not in DECODE_MODES:
         raise ValueError(f"RLHF_DECODE={mode!r}: expected one of {', '.join(DECODE_MODES)}")
-    if any(isinstance(m, FSDPModule) for m in model.modules()):
+    if sharded(model):
         return "eager"
     if mode == "auto":
         return "graph" if device.type == "cuda" else "eager"

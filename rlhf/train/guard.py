@@ -8,11 +8,11 @@ so the weights, the resume state and the stage's outputs all stay as they were b
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
 from rlhf.errors import PipelineError
 
@@ -60,4 +60,8 @@ def grad_norm(parameters: Iterable[nn.Parameter], clip: float) -> Tensor:
         norm = nn.utils.clip_grad_norm_(parameters, clip)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # sharded (FSDP2) grads
+    # sharded (FSDP2) gradients give a DTensor, possible only once its module is imported:
+    # a process that never shards skips that import (over a second at every stage's start)
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    sharded = dtensor is not None and isinstance(norm, dtensor.DTensor)
+    return norm.full_tensor() if sharded else norm

@@ -13,31 +13,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from rlhf.models.backbone import Backbone
 from rlhf.models.lora import same_layout
 from rlhf.train.distributed import World, data_parallel
 
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+# torch.distributed's checkpoint, FSDP and DTensor modules are imported where they are used:
+# together they take over a second to import (sympy, DTensor's ops), which every stage's start
+# would pay, and a stage that fails early or never saves a resume state needs none of them
+
 Result = TypeVar("Result")
 
-# the whole state, in one format (keyed by parameter name) whichever way the model is held, so
-# a resume state written by one process loads into several, replicated or sharded, and back
-WHOLE = StateDictOptions(full_state_dict=True)
-# a head the stage never trains (SFT's reward head) has no optimizer state: not strict
-WHOLE_OPTIMIZER = StateDictOptions(full_state_dict=True, strict=False)
+
+def whole_options(optimizer: bool = False, cpu_offload: bool = False) -> StateDictOptions:
+    """`StateDictOptions` for the whole state, in one format (keyed by parameter name)
+    whichever way the model is held, so a resume state written by one process loads into
+    several, replicated or sharded, and back. A head the stage never trains (SFT's reward
+    head) has no optimizer state: the optimizer's is not strict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, strict=not optimizer, cpu_offload=cpu_offload)
 
 
 class Runs(nn.Module):
@@ -81,14 +83,20 @@ class Replicas:
 
     def state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
         """The model's and the optimizer's state, whole."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        whole = whole_options(optimizer=True)
         return self.model.state_dict(), get_optimizer_state_dict(
-            self.model, optimizer, options=WHOLE
+            self.model, optimizer, options=whole
         )
 
     def load(self, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
         """Load a whole state (`state`'s, either holder's)."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
         self.model.load_state_dict(model_state)
-        set_optimizer_state_dict(self.model, optimizer, optim_state, options=WHOLE_OPTIMIZER)
+        whole = whole_options(optimizer=True)
+        set_optimizer_state_dict(self.model, optimizer, optim_state, options=whole)
 
     def whole_model(self) -> Backbone:
         """The trained model, whole, for what follows the training."""
@@ -103,6 +111,8 @@ class Shards:
     float32. Every rank must run the same forwards: evaluations see the same data on each."""
 
     def __init__(self, model: Backbone, device: torch.device, bf16: bool) -> None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
         blocks, root = MixedPrecisionPolicy(), MixedPrecisionPolicy(cast_forward_inputs=False)
         if bf16 and device.type == "cuda":
             blocks = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -144,7 +154,12 @@ class Shards:
     def state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
         """The whole model's and optimizer's state, gathered on rank 0's CPU (the other ranks
         get empty dicts; every rank must call it)."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = whole_options(cpu_offload=True)
         return (
             get_model_state_dict(self.model, options=options),
             get_optimizer_state_dict(self.model, optimizer, options=options),
@@ -153,8 +168,14 @@ class Shards:
     def load(self, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
         """Shard a whole state (either holder's `state`, which every rank maps from the
         resume file) into the model and optimizer."""
-        set_model_state_dict(self.model, model_state, options=WHOLE)
-        set_optimizer_state_dict(self.model, optimizer, optim_state, options=WHOLE_OPTIMIZER)
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        set_model_state_dict(self.model, model_state, options=whole_options())
+        whole = whole_options(optimizer=True)
+        set_optimizer_state_dict(self.model, optimizer, optim_state, options=whole)
 
     @torch.no_grad()
     def whole_model(self) -> Backbone:
@@ -162,6 +183,8 @@ class Shards:
         rank: gathered one tensor at a time into a fresh copy, so the peak is the whole
         model and one tensor beside the shards. What follows training (evaluation, outputs)
         runs it as one process would."""
+        from torch.distributed.tensor import DTensor
+
         whole = same_layout(self.model, self.device)
         targets = whole.state_dict()
         for name, value in self.model.state_dict().items():
