@@ -28,24 +28,30 @@ CHUNK_TOKENS = 4096  # tokens whose logits one chunk holds: [4096, V] float32 at
 SUM = _reduction.get_enum("sum")
 aten = torch.ops.aten
 
-# (hidden [n, C], weight [V, C], targets [n], scale, grad for hidden?, grad for weight?)
-# -> (summed loss, scale times its gradient for hidden or None, for weight or None)
+# (hidden [n, C], weight [V', C], targets [n], scale, grad for hidden?, grad for weight?,
+# real vocabulary V) -> (summed loss, scale times its gradient for hidden or None, for weight
+# or None)
 ChunkTerms = Callable[
-    [Tensor, Tensor, Tensor, Tensor, bool, bool], tuple[Tensor, Tensor | None, Tensor | None]
+    [Tensor, Tensor, Tensor, Tensor, bool, bool, int],
+    tuple[Tensor, Tensor | None, Tensor | None],
 ]
 
 
 def chunk_terms(
     hidden: Tensor, weight: Tensor, targets: Tensor, scale: Tensor, for_hidden: bool,
-    for_weight: bool,
+    for_weight: bool, vocab: int,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
     """One chunk's summed cross-entropy over its targets that are not IGNORE_INDEX, and
     `scale` times that sum's gradients for `hidden` [n, C] and for the head's `weight`
-    [V, C], where asked. The gradients are written out as the ATen backward kernels autograd
+    [V', C], where asked. The gradients are written out as the ATen backward kernels autograd
     runs for the plain loss (so bit for bit its gradients), which leaves a compiled chunk
-    without a graph break."""
-    out = F.linear(hidden, weight)  # [n, V]; bfloat16 under autocast
-    logp = out.float().log_softmax(-1)
+    without a graph break. Rows of `weight` past `vocab` are padding (`Backbone.head_weight`):
+    their logits are -inf, so they take no probability and get a zero gradient."""
+    out = F.linear(hidden, weight)  # [n, V']; bfloat16 under autocast
+    logits = out.float()
+    if weight.shape[0] > vocab:
+        logits[:, vocab:] = float("-inf")
+    logp = logits.log_softmax(-1)
     loss, total_weight = aten.nll_loss_forward(logp, targets, None, SUM, IGNORE_INDEX)
     if not (for_hidden or for_weight):
         return loss, None, None
@@ -71,10 +77,11 @@ def target_count(targets: Tensor) -> Tensor:
 
 def chunked(
     hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms, for_hidden: bool,
-    for_weight: bool,
+    for_weight: bool, vocab: int,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
     """The mean loss over every chunk, and its gradients for `hidden` and `weight` where
-    asked (made chunk by chunk, each as soon as its loss is)."""
+    asked (made chunk by chunk, each as soon as its loss is); `weight`'s rows past `vocab`
+    are padding."""
     count = target_count(targets)
     scale = 1.0 / count  # each token's share of the mean's gradient, as the plain one
     total = hidden.new_zeros((), dtype=torch.float32)
@@ -83,7 +90,7 @@ def chunked(
     for start in range(0, hidden.shape[0], CHUNK_TOKENS):
         chunk = slice(start, start + CHUNK_TOKENS)
         loss, chunk_hidden, chunk_weight = terms(
-            hidden[chunk], weight, targets[chunk], scale, for_hidden, for_weight
+            hidden[chunk], weight, targets[chunk], scale, for_hidden, for_weight, vocab
         )
         total = total + loss
         if grad_hidden is not None:
@@ -97,12 +104,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of `hidden @ weight.T` whose gradients are made in the forward."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms) -> Tensor:
-        loss, *ctx.grads = chunked(hidden, weight, targets, terms, *ctx.needs_input_grad[:2])
+    def forward(
+        ctx, hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms, vocab: int
+    ) -> Tensor:
+        loss, *ctx.grads = chunked(hidden, weight, targets, terms, *ctx.needs_input_grad[:2], vocab)
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         """The forward's gradients scaled in place and handed over: the graph keeps no copy of
         them (a [V, C] float32 head gradient beside the parameter's own until the loss is
         freed, after the optimizer step). One backward per loss, as the training loops run."""
@@ -113,16 +122,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None if grad_weight is None else grad_weight.mul_(grad_loss),
             None,
             None,
+            None,
         )
 
 
 def linear_cross_entropy(
-    hidden: Tensor, weight: Tensor, targets: Tensor, terms: ChunkTerms = chunk_terms
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    terms: ChunkTerms = chunk_terms,
+    vocab: int | None = None,
 ) -> Tensor:
     """Mean next-token cross-entropy of the logits `hidden @ weight.T` (hidden [N, C], the
-    head's weight [V, C]) against `targets` [N], over the targets that are not IGNORE_INDEX;
+    head's weight [V', C], of which the first `vocab` rows are real and the rest padding;
+    all real by default) against `targets` [N], over the targets that are not IGNORE_INDEX;
     `terms`: `chunk_terms`, or a compiled version of it. Without autograd (validation) no
     gradient is made."""
+    vocab = weight.shape[0] if vocab is None else vocab
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, targets, terms)
-    return chunked(hidden, weight, targets, terms, False, False)[0]
+        return _LinearCrossEntropy.apply(hidden, weight, targets, terms, vocab)
+    return chunked(hidden, weight, targets, terms, False, False, vocab)[0]

@@ -17,9 +17,8 @@ def masked_lm_loss(model: Backbone, inputs: torch.Tensor, targets: torch.Tensor)
     run a chunk of tokens at a time (`rlhf.algorithms.lm_loss`): never [B, T, V] logits."""
     hidden = model.hidden_states(inputs)  # [B, T, C]
     terms = compiled_chunk_terms() if model.compiled_blocks is not None else chunk_terms
-    return linear_cross_entropy(
-        hidden.flatten(0, 1), model.lm_head.weight, targets.flatten(), terms
-    )
+    weight, vocab = model.head_weight(targets.numel())  # [V', C], padded on CUDA
+    return linear_cross_entropy(hidden.flatten(0, 1), weight, targets.flatten(), terms, vocab)
 
 
 def batch_loss(

@@ -13,11 +13,22 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from rlhf.models import packing
 from rlhf.models.cache import KVCache, input_mask_and_positions
+
+# On CUDA the LM head's matmuls run at a vocabulary padded with zero rows to a multiple of this
+# (GPT-2's 50,257 to 50,304, as nanoGPT and llm.c pad it): the head is about a quarter of a
+# small model's FLOPs, and an unaligned vocabulary keeps its three matmuls off the tensor
+# cores' aligned kernels. Only the matmuls see the padding: the parameters, their optimizer
+# state, checkpoints and exports keep the real vocabulary, and no padded logit reaches a
+# softmax (sliced off the logits, or -inf in the chunked loss). A matmul of fewer rows than
+# PADDED_ROWS (a decoding step's) is bound by reading the weight, which padding would copy.
+VOCAB_MULTIPLE = 64
+PADDED_ROWS = 512
 
 
 class Backbone(nn.Module, ABC):
@@ -35,6 +46,9 @@ class Backbone(nn.Module, ABC):
     activation_checkpointing: bool = False
     # each block compiled (`compile_blocks`) for the forwards without a KV cache
     compiled_blocks: dict[int, nn.Module] | None = None
+    # what the LM head's matmuls pad the vocabulary to a multiple of; None: VOCAB_MULTIPLE
+    # where the head lives on CUDA, none elsewhere (CPU numbers stay as they are)
+    vocab_multiple: int | None = None
 
     @property
     @abstractmethod
@@ -93,9 +107,22 @@ class Backbone(nn.Module, ABC):
             return checkpoint(block, x, *args, cache, use_reentrant=False)
         return block(x, *args, cache)
 
+    def head_weight(self, rows: int) -> tuple[Tensor, int]:
+        """The LM head's weight as a matmul of `rows` hidden states takes it, [V', C]: padded
+        with zero rows to a multiple of `vocab_multiple` for PADDED_ROWS rows or more (a
+        differentiable copy: the gradient reaches the parameter, [V, C]), and V, the
+        vocabulary whose logits are real."""
+        weight = self.lm_head.weight  # [V, C]
+        multiple = self.vocab_multiple or (VOCAB_MULTIPLE if weight.is_cuda else 1)
+        extra = -weight.shape[0] % multiple if rows >= PADDED_ROWS else 0
+        return (F.pad(weight, (0, 0, 0, extra)) if extra else weight), weight.shape[0]
+
     def lm_logits(self, hidden: Tensor) -> Tensor:
-        """Next-token logits [B, T, V] from hidden states [B, T, C]."""
-        return self.lm_head(hidden)
+        """Next-token logits [B, T, V] from hidden states [B, T, C] (the matmul at the padded
+        vocabulary, its padding sliced off)."""
+        weight, vocab = self.head_weight(hidden.numel() // hidden.shape[-1])
+        logits = F.linear(hidden, weight)  # [B, T, V']
+        return logits[..., :vocab] if weight.shape[0] > vocab else logits
 
     @abstractmethod
     def kv_layout(self) -> tuple[int, int, int]:

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from rlhf.algorithms import lm_loss
 from rlhf.algorithms.sft import masked_lm_loss
 from rlhf.data.batching import IGNORE_INDEX
+from rlhf.models import backbone
+from rlhf.models.backbone import VOCAB_MULTIPLE
 from rlhf.models.gpt import GPT, GPTConfig
 from rlhf.models.llama import Llama, LlamaConfig
 from rlhf.train.optim import adamw
@@ -107,18 +109,21 @@ def test_the_chunked_loss_is_the_plain_loss_with_its_gradients(family, monkeypat
 
 @pytest.mark.slow
 def test_a_compiled_sft_step_is_the_eager_step(monkeypatch):
-    """Blocks and the loss's chunks compiled (inductor, on the CPU): three AdamW steps of
-    the SFT loss give the eager steps' losses and leave every weight within 1e-5 of theirs.
+    """Blocks and the loss's chunks compiled (inductor, on the CPU), with the LM head
+    padded to 128 tokens as on CUDA: three AdamW steps of the SFT loss give the unpadded
+    eager steps' losses and leave every weight within 1e-5 of theirs.
     Without biases: the key projection's bias has a gradient of exactly zero in exact
     arithmetic (attention ignores a shift of every key score), so its float gradient is
     rounding noise, which Adam's normalization turns into steps of up to lr either way."""
     monkeypatch.setattr(lm_loss, "CHUNK_TOKENS", 32)
+    monkeypatch.setattr(backbone, "PADDED_ROWS", 1)  # this batch's 60 rows padded too
     inputs, targets = batch()
     losses, trained = [], []
     for compiled in (False, True):
         net = model("gpt", bias=False)
         if compiled:
             net.compile_blocks()
+            net.vocab_multiple = VOCAB_MULTIPLE
         optimizer = adamw(net, 1e-2, 0.1, (0.9, 0.95))
         for _ in range(3):
             optimizer.zero_grad()
@@ -132,12 +137,14 @@ def test_a_compiled_sft_step_is_the_eager_step(monkeypatch):
         torch.testing.assert_close(trained[1][name], weight, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("vocab", [61, 56])
 @pytest.mark.parametrize(
     ("for_hidden", "for_weight"), [(True, True), (True, False), (False, False)]
 )
-def test_a_chunk_compiles_whole_to_what_it_computes_eagerly(for_hidden, for_weight):
+def test_a_chunk_compiles_whole_to_what_it_computes_eagerly(for_hidden, for_weight, vocab):
     """fullgraph: the chunk's gradients are explicit kernels, not `autograd.grad` (which
-    broke the compiled graph twice per chunk); captured by dynamo, the same numbers."""
+    broke the compiled graph twice per chunk); captured by dynamo, the same numbers, with
+    the head's rows all real (61) or the last 5 padding (56 real, as on CUDA)."""
     torch._dynamo.reset()
     generator = torch.Generator().manual_seed(0)
     hidden, weight = (
@@ -148,7 +155,9 @@ def test_a_chunk_compiles_whole_to_what_it_computes_eagerly(for_hidden, for_weig
     targets[::4] = IGNORE_INDEX
     scale = torch.tensor(1 / 30)
     captured = torch.compile(lm_loss.chunk_terms, fullgraph=True, backend="eager")
-    eager = lm_loss.chunk_terms(hidden, weight, targets, scale, for_hidden, for_weight)
-    compiled = captured(hidden, weight, targets, scale, for_hidden, for_weight)
+    targets = targets % vocab
+    targets[::4] = IGNORE_INDEX
+    eager = lm_loss.chunk_terms(hidden, weight, targets, scale, for_hidden, for_weight, vocab)
+    compiled = captured(hidden, weight, targets, scale, for_hidden, for_weight, vocab)
     for a, b in zip(eager, compiled, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
