@@ -10,6 +10,7 @@ from rlhf.algorithms.lm_loss import chunk_terms, compiled_chunk_terms, linear_cr
 from rlhf.data.batching import IGNORE_INDEX, collate
 from rlhf.models.backbone import Backbone
 from rlhf.tokenizer.chat import Example
+from rlhf.train.device import to_device
 
 
 def masked_lm_loss(model: Backbone, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -29,7 +30,7 @@ def batch_loss(
     device = next(model.parameters()).device
     inputs, targets = collate(examples, pad_id)
     tokens = int((inputs != pad_id).sum())
-    return masked_lm_loss(model, inputs.to(device), targets.to(device)), tokens
+    return masked_lm_loss(model, to_device(inputs, device), to_device(targets, device)), tokens
 
 
 @torch.no_grad()

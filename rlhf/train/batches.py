@@ -1,13 +1,41 @@
 """What every training loop does with its batches, SFT's and RL's alike: the seeded order it
-takes examples in, and reading a step's numbers off the device at once.
+takes examples in, and reading a step's numbers off the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Readback:
+    """Numbers on their way from the device to the host. On CUDA the copy is queued into
+    pinned memory with an event after it, so `read` waits for the work queued before it, not
+    for what the host has queued since (the next step)."""
+
+    host: Tensor  # [n] float32; pinned on CUDA
+    copied: torch.cuda.Event | None  # None off CUDA, where the copy is done at once
+
+    @classmethod
+    def of(cls, values: Tensor) -> Readback:
+        """Start reading `values` [n]."""
+        values = values.detach().float()
+        if values.device.type != "cuda":
+            return cls(values.cpu(), None)
+        host = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(host, copied)
+
+    def read(self) -> list[float]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host.tolist()
 
 
 def read_together(*values: float | Tensor) -> list[float]:

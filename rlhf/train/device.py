@@ -40,6 +40,14 @@ def autocast(device: torch.device, bf16: bool) -> Iterator[None]:
         yield
 
 
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on `device`. To a GPU through pinned memory without waiting: the host
+    goes on (preparing the next batch) while the copy and the step run."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
 def rng_state() -> dict[str, torch.Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():

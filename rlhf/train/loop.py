@@ -26,7 +26,7 @@ from torch import Tensor
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone
 from rlhf.params.groups import OptimParams
-from rlhf.train.batches import batch_order, read_together
+from rlhf.train.batches import Readback, batch_order
 from rlhf.train.device import autocast, compile_report, rng_state, set_rng_state
 from rlhf.train.distributed import World, barrier, globally_normalized, sum_across
 from rlhf.train.guard import NonFiniteError, grad_norm, require_finite
@@ -152,10 +152,31 @@ class ResumeFile:
 
 
 @dataclass
+class Unread:
+    """A step the device may still be running: its loss and gradient norm on their way to
+    the host, and what its history row takes besides them."""
+
+    step: int  # 1-based, as the history counts
+    epoch: int  # 1-based
+    lr: float
+    values: Readback  # [loss, gradient norm]
+    stats: dict[str, float]
+    tokens: int
+
+
+@dataclass
 class Training:
     """One run of the loop, as its named steps: `restore` (on resume), then for every step
-    `train_step`, `end_epoch` (after an epoch's last step), `save` (every `save_every`) and
-    `report`."""
+    `train_step`, `settle` (reading a step's numbers: the next step settles it unless the
+    loop needs them at once), `end_epoch` (after an epoch's last step), `save` (every
+    `save_every`) and `report`.
+
+    The finiteness check waits on the device, and a check after every step would leave the
+    GPU idle while the host prepares the next batch. So each update is told to skip itself
+    on the device when its loss or gradient norm is not finite (fused AdamW's `found_inf`),
+    and the host reads the numbers one step later, after it has queued the next step's
+    forward and backward and before that step's update: a non-finite step still raises
+    `NonFiniteError` with the weights as they were before it."""
 
     model: Backbone
     opt: OptimParams
@@ -170,6 +191,7 @@ class Training:
     total: int  # steps
     history: History = field(default_factory=History)
     saved: int = 0  # the last step the resume file holds
+    unread: Unread | None = None  # the last step, until `settle` reads it
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a saved resume state: weights, optimizer, RNG and history."""
@@ -183,8 +205,9 @@ class Training:
             self.callbacks.on_point(*point)
 
     def train_step(self, step: int, epoch: int, batch: list[int]) -> None:
-        """One optimizer step on this global `batch` (this rank's share of it), its row
-        appended to the history; a non-finite loss or gradient norm raises before the update."""
+        """One optimizer step on this global `batch` (this rank's share of it), skipped on
+        the device if its loss or gradient norm is not finite; the step before is settled
+        (and reported) once this one's backward is queued, before this one's update."""
         opt, world = self.opt, self.world
         started = time.perf_counter()
         lr = lr_at(step, opt.lr, opt.warmup_steps, self.total, opt.min_lr_ratio)
@@ -199,21 +222,38 @@ class Training:
             world, loss, mine, tokens, measured, self.device
         )
         self.optimizer.zero_grad(set_to_none=True)
+        globally_normalized(loss, mine / total_units, world).backward()
+        norm = grad_norm(self.model.parameters(), opt.grad_clip)
+        if self.unread is not None:
+            before = self.unread.step
+            self.settle()
+            self.report(before)
+        values = torch.stack([torch.as_tensor(train_loss, device=norm.device).float(), norm])
+        self.optimizer.found_inf = (~values.isfinite().all()).float()  # [] 1.0: skip it
+        self.optimizer.step()
+        self.unread = Unread(step + 1, epoch + 1, lr, Readback.of(values), stats, tokens)
+        self.history.seconds += time.perf_counter() - started
+
+    def settle(self) -> None:
+        """Read the last step's loss and gradient norm (waiting on the device for that step,
+        not for what was queued after it) and append its row to the history; a non-finite
+        one raises `NonFiniteError`, its update skipped on the device."""
+        unread, self.unread = self.unread, None
+        if unread is None:
+            return
+        started = time.perf_counter()
+        train_loss, norm = unread.values.read()
         try:
-            globally_normalized(loss, mine / total_units, world).backward()
-            norm = grad_norm(self.model.parameters(), opt.grad_clip)
-            train_loss, norm = read_together(train_loss, norm)
-            require_finite(step + 1, {"train_loss": train_loss}, stats)
-            require_finite(step + 1, {"grad_norm": norm})
+            require_finite(unread.step, {"train_loss": train_loss}, unread.stats)
+            require_finite(unread.step, {"grad_norm": norm})
         except NonFiniteError as exc:
             if self.saved:
                 exc.last_good = f"{self.resume.path} (step {self.saved})"
             raise
-        self.optimizer.step()
         self.history.seconds += time.perf_counter() - started
-        self.history.tokens += tokens
-        row = {"step": step + 1, "epoch": epoch + 1, "lr": lr, "train_loss": train_loss}
-        self.history.steps.append(row | stats)
+        self.history.tokens += unread.tokens
+        row = {"step": unread.step, "epoch": unread.epoch, "lr": unread.lr}
+        self.history.steps.append(row | {"train_loss": train_loss} | unread.stats)
 
     def end_epoch(self, epoch: int) -> None:
         """The epoch's mean training loss and the evaluation, in eval mode, logged."""
@@ -294,11 +334,15 @@ def fit(
         if index == 0 or not order:
             order = batch_order(n_examples, seed, epoch, lengths, opt.batch_size)
         run.train_step(step, epoch, order[index * opt.batch_size :][: opt.batch_size])
-        if index == steps_per_epoch - 1:
-            run.end_epoch(epoch)
-        if (step + 1) % opt.save_every == 0 and step + 1 < total:
-            run.save(step + 1)
-        run.report(step + 1)
+        ends_epoch = index == steps_per_epoch - 1
+        saves = (step + 1) % opt.save_every == 0 and step + 1 < total
+        if ends_epoch or saves or step + 1 == total:  # needs this step's numbers now
+            run.settle()
+            if ends_epoch:
+                run.end_epoch(epoch)
+            if saves:
+                run.save(step + 1)
+            run.report(step + 1)
     if report := compile_report():
         callbacks.log(report)
     model.eval()

@@ -30,7 +30,7 @@ from rlhf.project.metric_files import read_metrics
 from rlhf.stages import dpo
 from rlhf.stages.support.entry import DEBUG_ENV
 from rlhf.stages.support.outputs import STAGE_LOCKS
-from rlhf.train import loop
+from rlhf.train import batches, loop
 from rlhf.train.guard import NonFiniteError
 from rlhf.train.memory import (
     HEAD_GRADIENT_COPIES,
@@ -146,6 +146,33 @@ def test_nan_loss_stops_the_loop_before_its_update_and_names_the_last_resume(tmp
     for name, tensor in model.state_dict().items():  # the NaN step changed nothing
         assert torch.equal(tensor, weights[3][name]), name
     assert checkpoint.load(resume)["step"] == 2
+
+
+def test_a_steps_numbers_are_read_once_the_next_steps_backward_is_queued(monkeypatch, tmp_path):
+    """The finiteness check off the critical path: the host reads step k's loss and gradient
+    norm after it has run step k + 1's forward and backward (on a GPU, while the device
+    still works on them), except where the loop needs them at once: an epoch's last step,
+    one before a save, the run's last. 2 epochs of 3 steps, a save after step 4."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    ids = torch.randint(0, 16, (6, 8))
+    events: list[str] = []
+
+    def batch_loss(rows: list[int]) -> tuple[torch.Tensor, int]:
+        events.append(f"loss {sum(e.startswith('loss') for e in events) + 1}")
+        return model(ids[rows]).logsumexp(-1).mean(), 8
+
+    read = batches.Readback.read
+    monkeypatch.setattr(batches.Readback, "read", lambda self: events.append("read") or read(self))
+    opt = OptimParams(epochs=2, batch_size=2, save_every=4, warmup_steps=0)
+    history, _ = loop.fit(
+        model, opt, loop.Objective(batch_loss), seed=0, n_examples=6,
+        device=torch.device("cpu"), resume=loop.ResumeFile(tmp_path / "resume.pt", "f"),
+        callbacks=loop.Callbacks(log=lambda _: None),
+    )  # fmt: skip
+    reads = " ".join(events).replace("loss ", "L").replace("read", "R")
+    assert reads == "L1 L2 R L3 R R L4 R L5 L6 R R"
+    assert [row["step"] for row in history.steps] == [1, 2, 3, 4, 5, 6]
 
 
 def test_nan_loss_stops_the_dpo_stage_and_changes_no_output(trained_project, tmp_path, monkeypatch):
