@@ -7,15 +7,24 @@ each of PPO's update epochs. Packing lays the rows' real tokens one after anothe
 most `capacity` tokens. A block-diagonal causal mask keeps each row to its own tokens, and
 positions restart at every row, so each real token gets the hidden state the padded forward
 gives it (up to float rounding) at the cost of the real tokens alone.
+
+Where the host already holds the rows' lengths (the RL update reads them once per rollout),
+packing waits on the device for nothing: the bins are laid out on the host, copied over
+without blocking, and the tokens scattered into them without boolean indexing (whose output
+size the host would have to wait for). One packing serves every model that forwards the same
+rows: the policy, the reference, the critic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from rlhf.train.device import to_device
 
 if TYPE_CHECKING:
     from rlhf.models.backbone import Backbone
@@ -32,11 +41,22 @@ class Packing:
     source: Tensor  # [B, T] index into the flattened [S * L] of each real token; 0 at padding
 
 
-def pack(ids: Tensor, real: Tensor, capacity: int) -> Packing:
-    """Pack the tokens of ids [B, T] where `real` [B, T] is True, row by row, into bins of at
-    most `capacity` tokens (a longer row gets a bin of its own), first fit in decreasing order
-    of length."""
-    lengths = real.sum(-1).tolist()
+def bin_capacity(model: Backbone, lengths: Sequence[int]) -> int:
+    """Most tokens one bin of `model`'s forward holds: about a context window, and at least
+    the longest row."""
+    return max(max(lengths), min(model.max_seq_len, MAX_BIN_TOKENS))
+
+
+def packed_rows(model: Backbone, ids: Tensor, real: Tensor, lengths: Sequence[int]) -> Packing:
+    """The packing of ids [B, T] for `model`'s forwards (and any model of its context),
+    `lengths` [B] the count of each row's real tokens, held on the host."""
+    return pack(ids, real, bin_capacity(model, lengths), lengths)
+
+
+def pack(ids: Tensor, real: Tensor, capacity: int, lengths: Sequence[int]) -> Packing:
+    """Pack the tokens of ids [B, T] where `real` [B, T] is True (`lengths` of them in each
+    row, known on the host), row by row, into bins of at most `capacity` tokens (a longer row
+    gets a bin of its own), first fit in decreasing order of length."""
     fills: list[int] = []  # tokens in each bin so far
     bin_of, offset = [0] * len(lengths), [0] * len(lengths)
     for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
@@ -46,14 +66,15 @@ def pack(ids: Tensor, real: Tensor, capacity: int) -> Packing:
         bin_of[row], offset[row] = bin_, fills[bin_]
         fills[bin_] += lengths[row]
     width = max(fills)
+    size = len(fills) * width
     start = torch.tensor([b * width + o for b, o in zip(bin_of, offset, strict=True)])
-    start = start.to(ids.device)
+    start = to_device(start, ids.device)
     target = start[:, None] + real.long().cumsum(-1) - 1  # [B, T] flat packed index
     rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(ids)
-    packed_ids = ids.new_zeros(len(fills) * width)
-    segments = torch.full_like(packed_ids, -1)
-    packed_ids[target[real]] = ids[real]
-    segments[target[real]] = rows[real]
+    # every token scattered, padding into one spare slot past the bins, dropped after
+    into = torch.where(real, target, size).flatten()  # [B * T]
+    packed_ids = ids.new_zeros(size + 1).scatter_(0, into, ids.flatten())[:size]
+    segments = ids.new_full((size + 1,), -1).scatter_(0, into, rows.flatten())[:size]
     return Packing(
         ids=packed_ids.view(len(fills), width),
         segments=segments.view(len(fills), width),
@@ -75,12 +96,14 @@ def mask_and_positions(segments: Tensor) -> tuple[Tensor, Tensor]:
     return (same & causal)[:, None], positions
 
 
-def packed_hidden_states(model: Backbone, ids: Tensor, real: Tensor) -> Tensor:
+def packed_hidden_states(
+    model: Backbone, ids: Tensor, real: Tensor, packing: Packing | None = None
+) -> Tensor:
     """Final hidden states [B, T, C] of ids [B, T] at the real tokens (zero at padding), from
     one padding-free forward: what `model.hidden_states(ids, real)` gives, minus the cost of
-    the padding."""
-    capacity = max(int(real.sum(-1).max()), min(model.max_seq_len, MAX_BIN_TOKENS))
-    packing = pack(ids, real, capacity)
+    the padding. `packing`: the rows' packing (`packed_rows`), made here when not given."""
+    if packing is None:
+        packing = packed_rows(model, ids, real, real.sum(-1).tolist())
     hidden = model.packed_hidden_states(packing.ids, packing.segments)  # [S, L, C]
     gathered = hidden.flatten(0, 1)[packing.source]  # [B, T, C]
     return torch.where(real[..., None], gathered, 0.0)

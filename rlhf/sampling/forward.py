@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlhf.models.backbone import Backbone
-from rlhf.models.packing import packed_hidden_states
+from rlhf.models.packing import Packing, packed_hidden_states, packed_rows
 
 
 @dataclass
@@ -29,20 +29,33 @@ class ResponseForward:
 
 
 def response_forward(
-    model: Backbone, ids: Tensor, attention_mask: Tensor, start: int, temperature: float = 1.0
+    model: Backbone,
+    ids: Tensor,
+    attention_mask: Tensor,
+    start: int,
+    temperature: float = 1.0,
+    packing: Packing | None = None,
 ) -> ResponseForward:
     """Quantities for the N = T - start tokens ids[:, start:] of ids [B, T], from one forward;
-    attention_mask [B, T] marks real tokens. Padded positions hold finite values that mean
-    nothing: callers select them away."""
-    hidden = packed_hidden_states(model, ids, attention_mask.bool())[:, start - 1 : -1]
+    attention_mask [B, T] marks real tokens; `packing`, the rows' (`packed_rows`), made here
+    when not given. Padded positions hold finite values that mean nothing: callers select
+    them away."""
+    real = attention_mask.bool()
+    hidden = packed_hidden_states(model, ids, real, packing)[:, start - 1 : -1]
     logits = model.lm_logits(hidden).float() / temperature
     logprobs = F.log_softmax(logits, dim=-1).gather(-1, ids[:, start:, None]).squeeze(-1)
     return ResponseForward(logits=logits, logprobs=logprobs, hidden=hidden)
 
 
-def response_values(critic: Backbone, ids: Tensor, attention_mask: Tensor, start: int) -> Tensor:
+def response_values(
+    critic: Backbone,
+    ids: Tensor,
+    attention_mask: Tensor,
+    start: int,
+    packing: Packing | None = None,
+) -> Tensor:
     """Critic values [B, N] of the state before each token from column `start` on."""
-    hidden = packed_hidden_states(critic, ids, attention_mask.bool())  # [B, T, C]
+    hidden = packed_hidden_states(critic, ids, attention_mask.bool(), packing)  # [B, T, C]
     return critic.values(hidden[:, start - 1 : -1]).float()
 
 
@@ -70,8 +83,9 @@ def response_kl(
     sampled estimate. The LM heads run a few positions at a time, so a large vocabulary never
     needs [B, N, V] floats at once."""
     real = attention_mask.bool()
-    hidden = packed_hidden_states(policy, ids, real)[:, start - 1 : -1]  # [B, N, C]
-    hidden_ref = packed_hidden_states(reference, ids, real)[:, start - 1 : -1]
+    packing = packed_rows(policy, ids, real, real.sum(-1).tolist())  # both models', once
+    hidden = packed_hidden_states(policy, ids, real, packing)[:, start - 1 : -1]  # [B, N, C]
+    hidden_ref = packed_hidden_states(reference, ids, real, packing)[:, start - 1 : -1]
     tokens = ids[:, start:]  # [B, N]
     batch, width = tokens.shape
     step = max(1, KL_CHUNK_FLOATS // max(1, batch * policy.config.vocab_size))

@@ -202,3 +202,39 @@ def test_a_compiled_training_step_on_cuda_is_the_eager_step():
             optimizer.step()
             losses.append(float(loss.detach()))
     torch.testing.assert_close(losses[3:], losses[:3], atol=2e-2, rtol=0)
+
+
+def test_the_lm_head_pads_itself_on_cuda_and_computes_the_unpadded_logits(tokenizer):
+    """On CUDA the head's matmuls run at a vocabulary padded to a multiple of 64 (GPT-2's
+    50,257 to 50,304) with no setting; the logits, sliced to the real vocabulary, are the
+    unpadded head's, and the parameters keep the real shape."""
+    policy = model(tokenizer)
+    weight, vocab = policy.head_weight(16 * 64)
+    assert vocab == tokenizer.vocab_size and weight.shape[0] % 64 == 0 and weight.shape[0] > vocab
+    assert policy.lm_head.weight.shape[0] == vocab
+    ids = torch.randint(0, vocab, (16, 64), device=CUDA)
+    with torch.no_grad():
+        padded = policy(ids)
+        policy.vocab_multiple = 1
+        plain = policy(ids)
+    assert padded.shape == plain.shape == (16, 64, vocab)
+    torch.testing.assert_close(padded, plain, atol=1e-5, rtol=0)
+
+
+def test_rl_samples_a_float32_policy_through_its_bf16_copy_refreshed_by_each_update(tokenizer):
+    """Under bf16 on CUDA the rollouts come from the bf16 sampling copy, which follows every
+    update; the sampler's log-probs stay within bf16 rounding of the scoring pass's."""
+    cfg = ALGORITHMS["ppo"].params(steps=2, batch_size=8, minibatch_size=4, lr=1e-2)
+    trainer = RLTrainer(
+        ALGORITHMS["ppo"], cfg, RLParams(max_new_tokens=12), policy=model(tokenizer),
+        reference=model(tokenizer), critic=model(tokenizer), scorer=RuleScorer(contains_number),
+        tokenizer=tokenizer, prompts=PROMPTS, seed=0,
+    )  # fmt: skip
+    copy = trainer.experience.sampling_copy
+    assert copy is not None and copy.model.lm_head.weight.dtype == torch.bfloat16
+    for _ in range(2):
+        stats, _ = trainer.iteration()
+        print(f"logprob_mismatch through the bf16 copy: {stats['logprob_mismatch']:.2e}")
+        assert stats["logprob_mismatch"] < 0.05
+    source = trainer.experience.policy.lm_head.weight
+    assert torch.equal(copy.refresh().lm_head.weight, source.to(torch.bfloat16))

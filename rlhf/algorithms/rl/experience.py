@@ -20,12 +20,13 @@ from torch import Tensor
 from rlhf.algorithms.rl.advantages import token_rewards
 from rlhf.algorithms.rl.kl import kl_per_token
 from rlhf.algorithms.rl.losses import explained_variance
-from rlhf.algorithms.rl.microbatches import cut
+from rlhf.algorithms.rl.microbatches import Forwarded, cut, forwarded
 from rlhf.algorithms.rl.registry import Algorithm
 from rlhf.algorithms.rl.shards import whole_batch
 from rlhf.algorithms.scorers import Scorer
 from rlhf.models.backbone import Backbone
 from rlhf.models.lora import adapters_off
+from rlhf.models.precision import SamplingCopy, wants_sampling_copy
 from rlhf.params.groups import PolicyOptimParams, RLParams
 from rlhf.sampling.forward import response_forward, response_values
 from rlhf.sampling.rollout import Rollout, sample_rollout
@@ -34,7 +35,7 @@ from rlhf.sampling.streams import SEED_LIMIT, RowStreams
 from rlhf.tokenizer.tokenizer import Tokenizer
 from rlhf.train.device import autocast
 from rlhf.train.distributed import World, max_across
-from rlhf.train.sharding import Holder
+from rlhf.train.sharding import Holder, Replicas
 
 
 @dataclass
@@ -95,6 +96,11 @@ class ExperienceMaker:
             top_p=shared.top_p,
         )
         self.sample_rng = torch.Generator().manual_seed(seed)  # each row's sampling seed
+        # a float32 policy sampled under bf16 autocast on CUDA samples through a bf16 copy
+        # (`rlhf.models.precision`); sharded, it is gathered for sampling instead
+        copied = wants_sampling_copy(self.policy, self.device, cfg.bf16)
+        unsharded = isinstance(held_policy, Replicas)
+        self.sampling_copy = SamplingCopy(self.policy) if copied and unsharded else None
 
     @torch.no_grad()
     def make(self, prompts: Sequence[str], beta: float) -> tuple[Experience, dict[str, float]]:
@@ -105,10 +111,11 @@ class ExperienceMaker:
         seeds = torch.randint(SEED_LIMIT, (len(answered),), generator=self.sample_rng).tolist()
         mine, holds_rows = world.shard(list(range(len(answered))))
         started = time.perf_counter()
+        sampler = self.policy if self.sampling_copy is None else self.sampling_copy.refresh()
         with autocast(self.device, cfg.bf16):  # the precision the scoring pass runs in
             share = self.held_policy.gathered(
                 lambda: sample_rollout(
-                    self.policy,
+                    sampler,
                     self.tokenizer,
                     [answered[i] for i in mine],
                     self.sampling,
@@ -175,34 +182,37 @@ class ExperienceMaker:
         groups = cut(range(len(lengths)), lengths, self.shared.microbatch_tokens)
         count = max_across(self.world, len(groups), self.device)
         forwards = [
-            self._score_rows(rollout, torch.tensor(rows, device=self.device))
+            self._score_rows(rollout, forwarded(rollout, rows, lengths, self.policy))
             for rows in groups + [groups[0][:1]] * (count - len(groups))
         ][: len(groups)]
         scored = {key: torch.cat([f[key] for f in forwards]) for key in forwards[0]}
         scored["scores"] = self.scorer(rollout.prompts, rollout.responses).to(self.device)
         return scored
 
-    def _score_rows(self, rollout: Rollout, rows: Tensor) -> dict[str, Tensor]:
-        """`_score`'s model forwards for some `rows` of the rollout."""
-        args = (rollout.sequences[rows], rollout.attention_mask[rows], rollout.prompt_width)
+    def _score_rows(self, rollout: Rollout, part: Forwarded) -> dict[str, Tensor]:
+        """`_score`'s model forwards for some rows of the rollout, on one packing."""
+        args = (part.ids, part.real, rollout.prompt_width)
+        temperature, packing = self.shared.temperature, part.packing
 
         def policy_side() -> dict[str, Tensor]:
-            out = response_forward(self.policy, *args, self.shared.temperature)
+            out = response_forward(self.policy, *args, temperature, packing)
             scored = {"policy_logprobs": out.logprobs}
             if self.shared_critic:
                 scored["values"] = self.policy.values(out.hidden).float()
             if self.reference is None:  # the adapted policy, its adapters off
                 with adapters_off(self.policy):
-                    reference = response_forward(self.policy, *args, self.shared.temperature)
+                    reference = response_forward(self.policy, *args, temperature, packing)
                 scored["ref_logprobs"] = reference.logprobs
             return scored
 
         with autocast(self.device, self.cfg.bf16):
             scored = self.held_policy.evaluate(policy_side)
             if self.reference is not None:
-                reference = response_forward(self.reference, *args, self.shared.temperature)
+                reference = response_forward(self.reference, *args, temperature, packing)
                 scored["ref_logprobs"] = reference.logprobs
             if self.held_critic is not None:
                 critic = self.held_critic
-                scored["values"] = critic.evaluate(lambda: response_values(critic.model, *args))
+                scored["values"] = critic.evaluate(
+                    lambda: response_values(critic.model, *args, packing)
+                )
         return scored

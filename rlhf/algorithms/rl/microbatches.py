@@ -14,6 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
+from rlhf.models.backbone import Backbone
+from rlhf.models.packing import Packing, packed_rows
+from rlhf.sampling.rollout import Rollout
+from rlhf.train.device import to_device
 from rlhf.train.distributed import World
 
 
@@ -48,3 +55,26 @@ def microbatches(
     return [Microbatch(g, True) for g in groups] + [Microbatch(mine[:1], False)] * (
         count - len(groups)
     )
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """Some rollout rows as every model forwards them: the rows [b], their ids and real
+    tokens [b, T], and their packing, laid out once from lengths the host holds and shared
+    by the models (policy, reference, critic), so none of their forwards waits on the
+    device."""
+
+    rows: Tensor  # [b] indices into the rollout
+    ids: Tensor  # [b, T]
+    real: Tensor  # [b, T] True on real tokens
+    packing: Packing
+
+
+def forwarded(
+    rollout: Rollout, rows: Sequence[int], lengths: Sequence[int], model: Backbone
+) -> Forwarded:
+    """`rows` of `rollout` (`lengths`: every row's real tokens, on the host), packed for
+    `model`'s forwards and any of its context."""
+    index = to_device(torch.tensor(list(rows)), rollout.sequences.device)
+    ids, real = rollout.sequences[index], rollout.attention_mask[index]
+    return Forwarded(index, ids, real, packed_rows(model, ids, real, [lengths[r] for r in rows]))

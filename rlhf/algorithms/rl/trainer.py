@@ -29,7 +29,7 @@ from rlhf.algorithms.rl.losses import (
     entropy,
     masked_mean,
 )
-from rlhf.algorithms.rl.microbatches import microbatches
+from rlhf.algorithms.rl.microbatches import Forwarded, forwarded, microbatches
 from rlhf.algorithms.rl.registry import Algorithm
 from rlhf.algorithms.scorers import Scorer
 from rlhf.algorithms.sft import masked_lm_loss
@@ -151,42 +151,43 @@ class RLTrainer:
         return globally_normalized(ptx, weight, self.world)
 
     def _critic_loss(
-        self, exp: Experience, rows: Tensor, weight: float, record: Recorder
+        self, exp: Experience, part: Forwarded, weight: float, record: Recorder
     ) -> Tensor:
         """This rank's part of the critic's clipped value loss on some rows of the rollout
         (weighted as `_minibatch_loss` is)."""
         assert isinstance(self.cfg, CriticParams) and self.critic is not None
         assert exp.values is not None and exp.returns is not None
-        part = exp.rollout
+        rollout, rows = exp.rollout, part.rows
         values = response_values(
-            self.critic, part.sequences[rows], part.attention_mask[rows], part.prompt_width
+            self.critic, part.ids, part.real, rollout.prompt_width, part.packing
         )
         loss, clip_fraction = clipped_value_loss(
             values,
             exp.values[rows],
             exp.returns[rows],
-            part.response_mask[rows],
+            rollout.response_mask[rows],
             self.cfg.cliprange_value,
         )
         record(weight, value_loss=loss, value_clip_fraction=clip_fraction)
         return globally_normalized(loss, weight, self.world)
 
     def _minibatch_loss(
-        self, exp: Experience, rows: Tensor, weight: float, record: Recorder, with_ptx: bool
+        self, exp: Experience, part: Forwarded, weight: float, record: Recorder, with_ptx: bool
     ) -> Tensor:
         """This rank's part of the policy's loss on a minibatch, under autocast: the mean over
         `rows`' response tokens times `weight`, their share of the minibatch's tokens, and
         the number of ranks, so that the parts added up over microbatches and averaged over
         ranks (DDP, FSDP2) are the minibatch's loss; `with_ptx`: the pretraining mix, which
         one microbatch of each minibatch adds."""
-        cfg, rollout = self.cfg, exp.rollout
+        cfg, rollout, rows = self.cfg, exp.rollout, part.rows
         mask = rollout.response_mask[rows]
         out = response_forward(
             self.policy,
-            rollout.sequences[rows],
-            rollout.attention_mask[rows],
+            part.ids,
+            part.real,
             rollout.prompt_width,
             self.shared.temperature,
+            part.packing,
         )
         policy = self.algorithm.policy_loss(
             out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask, cfg
@@ -227,23 +228,23 @@ class RLTrainer:
         self,
         held: Holder,
         optimizer: torch.optim.Optimizer,
-        parts: list[tuple[Tensor, float]],
-        loss_of: Callable[[Tensor, float, bool], Tensor],
+        parts: list[tuple[Forwarded, float]],
+        loss_of: Callable[[Forwarded, float, bool], Tensor],
         names: tuple[str, str],
         terms: Callable[[], Terms],
     ) -> None:
         """One optimizer step on the gradients of every part (rows, share) added up:
-        `loss_of(rows, share, last)` forward under autocast and backward, part by part, the
+        `loss_of(part, share, last)` forward under autocast and backward, part by part, the
         gradients reduced across ranks with the last. Unless the loss summed over the parts
         or the gradient norm (`names` name them) is not finite: every rank checks the same
         reduced values, so all stop or none, before the update."""
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
-        for index, (rows, share) in enumerate(parts):
+        for index, (part, share) in enumerate(parts):
             last = index == len(parts) - 1
             with held.accumulating(last):
                 with autocast(self.device, self.cfg.bf16):
-                    loss = held.loss(loss_of, rows, share, last)
+                    loss = held.loss(loss_of, part, share, last)
                 loss.backward()
             total = total + loss.detach()
         norm = grad_norm(held.model.parameters(), self.cfg.grad_clip)
@@ -298,9 +299,9 @@ class RLTrainer:
             for start in starts:
                 minibatch = order[start : start + cfg.minibatch_size]
                 tokens = sum(answered[row] for row in minibatch)  # what the loss averages
-                parts = [
+                parts = [  # each packed once, for the policy and the critic alike
                     (
-                        torch.tensor(part.rows, device=self.device),
+                        forwarded(rollout, part.rows, lengths, self.policy),
                         sum(answered[row] for row in part.rows) / tokens if part.counts else 0.0,
                     )
                     for part in microbatches(
@@ -312,7 +313,7 @@ class RLTrainer:
                     self.held_policy,
                     self.policy_opt,
                     parts,
-                    lambda rows, share, last: self._minibatch_loss(exp, rows, share, record, last),
+                    lambda part, share, last: self._minibatch_loss(exp, part, share, record, last),
                     ("loss", "policy_grad_norm"),
                     lambda: added_up(current) | inputs,
                 )
@@ -321,7 +322,7 @@ class RLTrainer:
                         self.held_critic,
                         self.critic_opt,
                         parts,
-                        lambda rows, share, _: self._critic_loss(exp, rows, share, record),
+                        lambda part, share, _: self._critic_loss(exp, part, share, record),
                         ("value_loss", "critic_grad_norm"),
                         dict,
                     )

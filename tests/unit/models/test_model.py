@@ -115,7 +115,7 @@ def test_packing_fills_bins_up_to_capacity_and_restarts_positions():
     real = torch.zeros_like(ids, dtype=torch.bool)
     for row, n in enumerate((10, 3, 6, 4)):
         real[row, 10 - n :] = True
-    packing = pack(ids, real, capacity=10)
+    packing = pack(ids, real, capacity=10, lengths=[10, 3, 6, 4])
     assert packing.ids.shape == (3, 10)  # 10 | 6 + 4 | 3: the longest first, each where it fits
     assert sorted((packing.segments >= 0).sum(-1).tolist()) == [3, 10, 10]
     assert torch.equal(packing.ids.flatten()[packing.source][real], ids[real])
