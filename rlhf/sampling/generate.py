@@ -117,6 +117,9 @@ class Sampling:
     eos_id: int
     pad_id: int
     static: bool  # fixed shapes throughout (compiled and captured steps)
+    # the ids the tokenizer can decode: a pretrained embedding padded past its tokenizer (as
+    # Qwen's is, 151,936 rows for 151,665 tokens) must never have the rest drawn
+    decodable: int
 
 
 def choose_next(state: DecodeState, logits: Tensor, s: Sampling) -> None:
@@ -127,6 +130,8 @@ def choose_next(state: DecodeState, logits: Tensor, s: Sampling) -> None:
     probs = logp.exp()
     if s.pad_id != s.eos_id:  # padding is no answer token; unless it is the end token itself
         probs[:, s.pad_id] = 0.0
+    if s.decodable < probs.shape[-1]:
+        probs[:, s.decodable :] = 0.0
     u = state.uniforms.index_select(1, state.step).squeeze(1)  # [B, R]
     next_token = choose_from_probs(probs, s.config, u, static=s.static)
     token_logprob = logp.gather(-1, next_token[:, None])  # [B, 1]
@@ -276,12 +281,15 @@ def generate(
     config: SamplingConfig,
     generator: RandomSource = None,
     batch_to: int = 0,
+    decodable: int | None = None,
 ) -> Generation:
     """Sample responses for token-id prompts; prompts longer than the context keep their end.
     `generator`: a torch generator, or `RowStreams` with a stream for each prompt.
     `batch_to`: the static modes decode at least this many rows, padding the batch with
     copies of its first prompt that draw no randomness and whose answers are dropped, so a
-    smaller last batch reuses the full batches' compiled step and graph."""
+    smaller last batch reuses the full batches' compiled step and graph.
+    `decodable`: only ids below it are drawn (the tokenizer's size; the whole vocabulary by
+    default); the recorded log-probs stay the model's own, over the whole vocabulary."""
     device = next(model.parameters()).device
     budget = model.max_seq_len - config.max_new_tokens
     if budget < 1:
@@ -297,7 +305,9 @@ def generate(
     shared = None if isinstance(generator, RowStreams) else shared_generator(generator, device)
     before = shared.get_state() if shared is not None else None
     uniforms = uniform_table(generator, batch, steps, draws, device)  # [B, N, R]
-    constants = Sampling(config, eos_id, pad_id, static=mode != "eager")
+    vocab = model.config.vocab_size
+    decodable = vocab if decodable is None else min(decodable, vocab)
+    constants = Sampling(config, eos_id, pad_id, static=mode != "eager", decodable=decodable)
     if mode == "eager":
         state = eager_generation(model, prompt, prompt_mask, uniforms, constants)
     else:
@@ -407,6 +417,7 @@ def generate_texts(
             config=config,
             generator=generator,
             batch_to=batch_size,
+            decodable=tokenizer.vocab_size,
         )
         for row, ids in zip(rows, out.tokens.tolist(), strict=True):
             answers[row] = decode_response(tokenizer, ids)

@@ -53,6 +53,7 @@ def sample_rollout(
         pad_id=tokenizer.pad_id,
         config=config,
         generator=generator,
+        decodable=tokenizer.vocab_size,
     )
     return Rollout(
         prompts=list(prompts),

@@ -246,3 +246,27 @@ def test_invalid_sampling_settings():
         SamplingConfig(top_p=0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=0)
+
+
+def test_ids_past_the_tokenizer_are_never_drawn_and_log_probs_stay_the_models(model):
+    """An embedding padded past its tokenizer (Qwen's 151,936 rows for 151,665 tokens): with
+    `decodable` 40 of the 60 ids, a model that favours id 55 never draws it (its text could not
+    be decoded), and the recorded log-probs are still the full forward's."""
+    with torch.no_grad():
+        model.ln_f.bias[0] = 1.0
+        model.lm_head.weight[55, 0] = 6.0
+    config = SamplingConfig(max_new_tokens=12)
+    unbounded = run(model, config)
+    assert (unbounded.tokens == 55).float().mean() > 0.5
+    out = generate(
+        model, PROMPTS, eos_id=EOS, pad_id=PAD, config=config,
+        generator=torch.Generator().manual_seed(0), decodable=40,
+    )  # fmt: skip
+    assert int(out.tokens[out.mask].max()) < 40
+    ids = torch.cat([out.prompt, out.tokens], dim=1)
+    mask = torch.cat([out.prompt_mask, out.mask], dim=1)
+    with torch.no_grad():
+        recomputed = response_forward(model, ids, mask, out.prompt.shape[1])
+    torch.testing.assert_close(
+        recomputed.logprobs[out.mask], out.logprobs[out.mask], atol=1e-4, rtol=0
+    )
