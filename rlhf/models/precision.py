@@ -29,10 +29,8 @@ class SamplingCopy:
         # the compiled blocks (training forwards) stay behind: decoding compiles its own step
         self.model: Backbone = copy.deepcopy(model, memo={id(model.compiled_blocks): None})
         head = self.model.lm_head
-        names = [
-            n for n, p in self.model.named_parameters(remove_duplicate=False) if p is head.weight
-        ]
-        if len(names) > 1:  # tied to the embedding: untied here
+        every = self.model.named_parameters(remove_duplicate=False)
+        if sum(p is head.weight for _, p in every) > 1:  # tied to the embedding: untied here
             head.weight = nn.Parameter(head.weight.detach().clone())
         self.model.requires_grad_(False).eval()
         for module in self.model.modules():

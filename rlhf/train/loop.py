@@ -225,9 +225,10 @@ class Training:
         globally_normalized(loss, mine / total_units, world).backward()
         norm = grad_norm(self.model.parameters(), opt.grad_clip)
         if self.unread is not None:
-            before = self.unread.step
+            self.history.seconds += time.perf_counter() - started  # `settle` times its wait
             self.settle()
-            self.report(before)
+            self.report()
+            started = time.perf_counter()
         values = torch.stack([torch.as_tensor(train_loss, device=norm.device).float(), norm])
         self.optimizer.found_inf = (~values.isfinite().all()).float()  # [] 1.0: skip it
         self.optimizer.step()
@@ -279,9 +280,10 @@ class Training:
             checkpoint.save_resume(self.resume.path, self.resume.fingerprint, state)
         self.saved = step
 
-    def report(self, step: int) -> None:
-        """The step's point of the training curves, and the step itself."""
-        self.callbacks.on_point(*curve_points(self.history.steps[-1:], self.history.epochs)[0])
+    def report(self) -> None:
+        """The last settled step's point of the training curves, and the step itself."""
+        step, point = curve_points(self.history.steps[-1:], self.history.epochs)[0]
+        self.callbacks.on_point(step, point)
         self.callbacks.on_step(step, self.total, self.history.steps[-1]["train_loss"])
 
 
@@ -342,7 +344,7 @@ def fit(
                 run.end_epoch(epoch)
             if saves:
                 run.save(step + 1)
-            run.report(step + 1)
+            run.report()
     if report := compile_report():
         callbacks.log(report)
     model.eval()

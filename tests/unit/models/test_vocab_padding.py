@@ -47,11 +47,10 @@ def loss_and_gradients(net):
     return loss.detach(), grads
 
 
-@pytest.fixture(autouse=True)
-def pad_small_matmuls(monkeypatch, request):
+@pytest.fixture
+def pad_small_matmuls(monkeypatch):
     """These tests' matmuls have a few dozen rows: pad them too (the rule is tested apart)."""
-    if request.node.name != "test_the_head_pads_only_where_asked_or_on_cuda":
-        monkeypatch.setattr(backbone, "PADDED_ROWS", 1)
+    monkeypatch.setattr(backbone, "PADDED_ROWS", 1)
 
 
 def test_the_head_pads_only_where_asked_or_on_cuda():
@@ -66,6 +65,7 @@ def test_the_head_pads_only_where_asked_or_on_cuda():
     assert torch.equal(weight[:VOCAB], net.lm_head.weight) and not weight[VOCAB:].any()
 
 
+@pytest.mark.usefixtures("pad_small_matmuls")
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_padded_logits_loss_and_gradients_are_the_unpadded_ones(family):
     """Forward logits [B, T, 97], the chunked SFT loss and every parameter's gradient, each
@@ -88,6 +88,7 @@ def test_padded_logits_loss_and_gradients_are_the_unpadded_ones(family):
         assert wide.state_dict()[name].shape == tensor.shape
 
 
+@pytest.mark.usefixtures("pad_small_matmuls")
 def test_padded_sampling_draws_the_same_tokens_with_the_same_logprobs():
     """Generation and the RL stage's response forward: the same tokens from the same seed
     (no padded id is ever drawn) and log-probs within rounding."""
