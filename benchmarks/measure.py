@@ -10,8 +10,9 @@ weights, loaded as a user's GPT-2 folder):
   probe    which SDPA kernel each of the models' attention calls gets (the SFT step's causal
            attention, the packed masked forward of scoring and updates, the sampler's prefill
            and decoding steps, the reward model over padded answers), in bf16 and fp32, read
-           from the profiler; and the LM head's three matrix products at the vocabulary and at
-           it padded to a multiple of 64
+           from the profiler; the LM head's three matrix products at the vocabulary and at
+           it padded to a multiple of 64; a packed forward and backward at a PPO minibatch's
+           shape under the bins' mask and through varlen attention
   rollout  the sampler on the bf16 weights collect and evaluate decode with: at batch 64, calls
            of 32 and 128 new tokens, whose difference over their 96 extra steps is the
            steady-state seconds of a decoding step, and what a call costs beyond its steps
@@ -20,7 +21,8 @@ weights, loaded as a user's GPT-2 folder):
            weights; compiled against eager tokens in fp32 (a reported field, never an exit
            code); the top kernels of a 32-token call
   ppo      one PPO iteration of 64 x 128 tokens, compiled as the RL stage compiles: the
-           warm-up iteration's extra seconds (compiles, captures) apart from the steady phases
+           warm-up iteration's extra seconds (compiles, captures) apart from the steady phases;
+           the top kernels of one iteration, and how busy host and device were in it
   sft      the SFT stage's step as `train.compile: auto` runs it: compile seconds apart from
            the steady-state step, tokens/s and MFU; the top kernels of one step
 
@@ -343,6 +345,54 @@ def lm_head_ms(device: torch.device, tokens: int, width: int, vocab: int) -> dic
     return result
 
 
+def packed_update_ms(part: Part) -> Iterator[dict[str, Any]]:
+    """Milliseconds of one packed forward and backward at a PPO minibatch's shape (16 rows of
+    a prompt and an answer of up to 128 tokens, ragged), under bf16 autocast on CUDA, eager:
+    the bins under their block-diagonal mask against the one stream through varlen
+    attention; and how busy the device was in one of them, which the host's launches hide
+    from the wall-clock time at this size."""
+    from rlhf.models import attention, backbone
+    from rlhf.models.hf import load_folder
+    from rlhf.models.packing import packed_hidden_states
+    from rlhf.train.device import autocast
+
+    model = load_folder(part.folder, part.device)
+    rows, prompt, answer = (16, 24, 128) if part.device.type == "cuda" else (4, 8, 16)
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, part.shape.end_id, (rows, prompt + answer), generator=generator)
+    prompts = torch.randint(4, prompt + 1, (rows,), generator=generator)
+    answers = torch.randint(answer // 4, answer + 1, (rows,), generator=generator)
+    columns = torch.arange(prompt + answer)
+    real = (columns >= prompt - prompts[:, None]) & (columns < prompt + answers[:, None])
+    ids, real = ids.to(part.device), real.to(part.device)
+    varlen = attention.runs_varlen(part.device, torch.bfloat16, 0.0)
+    runs_varlen = backbone.runs_varlen
+    try:
+        for name, through_varlen in (("masked bins", False), ("varlen", True)):
+            if through_varlen and not varlen:
+                continue
+            backbone.runs_varlen = lambda *args, through=through_varlen: through
+
+            def step() -> None:
+                with autocast(part.device, bf16=True):
+                    hidden = packed_hidden_states(model, ids, real)
+                    loss = torch.where(real, model.values(hidden).float(), 0.0).sum()
+                loss.backward()
+
+            seconds = median_seconds(step, part.device, repeats=10)
+            with profiled(part.device) as profile:  # eager: the host's launches bound the ms
+                step()
+                synchronize(part.device)
+            yield {
+                "attention": name,
+                "tokens": int(real.sum()),
+                "ms": round(1e3 * seconds, 3),
+                **busy_ms(profile),
+            }
+    finally:
+        backbone.runs_varlen = runs_varlen
+
+
 def part_probe(part: Part) -> None:
     calls = attention_calls(part)
     dtypes = (torch.bfloat16, torch.float32) if part.device.type == "cuda" else (torch.float32,)
@@ -366,6 +416,8 @@ def part_probe(part: Part) -> None:
     for vocab in dict.fromkeys((part.shape.vocab_size, padded)):
         times = lm_head_ms(part.device, tokens, part.shape.n_embd, vocab)
         part.emit(kind="lm_head", vocab=vocab, tokens=tokens, **times)
+    for row in packed_update_ms(part):
+        part.emit(kind="packed_forward_backward", **row)
 
 
 def part_sft(part: Part) -> None:
@@ -504,6 +556,25 @@ def part_ppo(part: Part) -> None:
         logprob_mismatch=max(r["logprob_mismatch"] for r in runs),
         warm_up_rollout_s=round(warm["rollout_s"], 2),
     )
+    with profiled(part.device) as profile:
+        trainer.iteration()
+        synchronize(part.device)
+    part.kernels("one PPO iteration", profile)
+    part.emit(kind="profiled_iteration", **busy_ms(profile))
+
+
+def busy_ms(profile: torch.profiler.profile) -> dict[str, float]:
+    """Milliseconds the host spent in ops (the profiler's own cost included) and the device
+    in kernels over a profiled stretch: a device far less busy than the stretch is long
+    waits on the host."""
+    events = profile.key_averages()
+    cuda = torch.autograd.DeviceType.CUDA
+    on_device = [e for e in events if getattr(e, "device_type", None) == cuda]
+    on_host = [e for e in events if getattr(e, "device_type", None) != cuda]
+    return {
+        "host_busy_ms": round(sum(e.self_cpu_time_total for e in on_host) / 1e3, 1),
+        "device_busy_ms": round(sum(e.self_device_time_total for e in on_device) / 1e3, 1),
+    }
 
 
 RUN = {

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from rlhf.models import packing
+from rlhf.models.attention import Mask, runs_varlen
 from rlhf.models.cache import KVCache, input_mask_and_positions
 
 # On CUDA the LM head's matmuls run at a vocabulary padded with zero rows to a multiple of this
@@ -56,13 +57,12 @@ class Backbone(nn.Module, ABC):
         """Most tokens one sequence (prompt and response) may hold."""
 
     @abstractmethod
-    def trunk(
-        self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache: KVCache | None
-    ) -> Tensor:
+    def trunk(self, ids: Tensor, positions: Tensor, mask: Mask, cache: KVCache | None) -> Tensor:
         """Final hidden states [B, T, C] of token ids [B, T] at `positions` [B, T] under the
         attention `mask` [B, 1, T, L] (True = attend; None = plain causal attention, the fast
-        path); with a cache, ids holds only the tokens after those already cached, and the
-        cache advances past them. The one method an architecture implements for its forward."""
+        path; `Segments`: one packed stream, B = 1, causal within each segment); with a cache,
+        ids holds only the tokens after those already cached, and the cache advances past
+        them. The one method an architecture implements for its forward."""
 
     def hidden_states(
         self, ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
@@ -75,12 +75,20 @@ class Backbone(nn.Module, ABC):
         mask, positions = input_mask_and_positions(ids, attention_mask, cache, self.max_seq_len)
         return self.trunk(ids, positions, mask, cache)
 
-    def packed_hidden_states(self, ids: Tensor, segments: Tensor) -> Tensor:
-        """Final hidden states [S, L, C] of rows packed back to back in ids [S, L]
+    def packed_hidden_states(self, packed: packing.Packing) -> Tensor:
+        """Final hidden states [S, L, C] of rows packed back to back in bins [S, L]
         (`rlhf.models.packing`): a token attends only to the earlier tokens of its own
-        segment [S, L], and positions restart at 0 with each segment."""
-        mask, positions = packing.mask_and_positions(segments)
-        return self.trunk(ids, positions, mask, None)
+        row, and positions restart at 0 with each row. The bins run as one stream through
+        varlen attention where `runs_varlen` says so, else each under its block-diagonal
+        mask."""
+        ids, segments = packed.ids, packed.segments  # [S, L]
+        positions = packing.positions(segments)
+        dropout = getattr(self.config, "dropout", 0.0) if self.training else 0.0
+        if runs_varlen(ids.device, self.lm_head.weight.dtype, dropout):
+            runs = packed.segments_of_stream
+            stream = self.trunk(ids.view(1, -1), positions.view(1, -1), runs, None)  # [1, S*L, C]
+            return stream.view(*ids.shape, -1)
+        return self.trunk(ids, positions, packing.bin_mask(segments), None)
 
     @abstractmethod
     def transformer_blocks(self) -> list[nn.Module]:

@@ -6,7 +6,9 @@ positions are padding, and every layer pays for them in the rollout's scoring fo
 each of PPO's update epochs. Packing lays the rows' real tokens one after another in bins of at
 most `capacity` tokens. A block-diagonal causal mask keeps each row to its own tokens, and
 positions restart at every row, so each real token gets the hidden state the padded forward
-gives it (up to float rounding) at the cost of the real tokens alone.
+gives it (up to float rounding) at the cost of the real tokens alone. On CUDA in half
+precision the bins run as one flat stream through varlen attention instead
+(`rlhf.models.attention`): each row attends to its own tokens with no mask at all.
 
 Where the host already holds the rows' lengths (the RL update reads them once per rollout),
 packing waits on the device for nothing: the bins are laid out on the host, copied over
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from rlhf.models.attention import Segments
 from rlhf.train.device import to_device
 
 if TYPE_CHECKING:
@@ -39,6 +42,8 @@ class Packing:
     ids: Tensor  # [S, L] the rows' real tokens back to back in S bins, 0 after a bin's last row
     segments: Tensor  # [S, L] the row each packed token belongs to; -1 for a bin's padding
     source: Tensor  # [B, T] index into the flattened [S * L] of each real token; 0 at padding
+    # the flattened [S * L] stream's runs: each row, and each bin's trailing padding
+    segments_of_stream: Segments
 
 
 def bin_capacity(model: Backbone, lengths: Sequence[int]) -> int:
@@ -67,8 +72,10 @@ def pack(ids: Tensor, real: Tensor, capacity: int, lengths: Sequence[int]) -> Pa
         fills[bin_] += lengths[row]
     width = max(fills)
     size = len(fills) * width
-    start = torch.tensor([b * width + o for b, o in zip(bin_of, offset, strict=True)])
-    start = to_device(start, ids.device)
+    starts = [b * width + o for b, o in zip(bin_of, offset, strict=True)]
+    padding = [b * width + f for b, f in enumerate(fills) if f < width]
+    runs = sorted({0, *starts, *padding, size})  # a row of no tokens makes no run
+    start = to_device(torch.tensor(starts), ids.device)
     target = start[:, None] + real.long().cumsum(-1) - 1  # [B, T] flat packed index
     rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(ids)
     # every token scattered, padding into one spare slot past the bins, dropped after
@@ -79,21 +86,29 @@ def pack(ids: Tensor, real: Tensor, capacity: int, lengths: Sequence[int]) -> Pa
         ids=packed_ids.view(len(fills), width),
         segments=segments.view(len(fills), width),
         source=torch.where(real, target, 0),
+        segments_of_stream=Segments(
+            to_device(torch.tensor(runs, dtype=torch.int32), ids.device), capacity
+        ),
     )
 
 
-def mask_and_positions(segments: Tensor) -> tuple[Tensor, Tensor]:
-    """Attention mask [S, 1, L, L] (True = attend: earlier tokens of the same row) and
-    positions [S, L] (counting from 0 at each row's first token) for packed `segments`."""
+def bin_mask(segments: Tensor) -> Tensor:
+    """Attention mask [S, 1, L, L] (True = attend: earlier tokens of the same row) for
+    packed `segments` [S, L]."""
     length = segments.shape[1]
     same = segments[:, :, None] == segments[:, None, :]  # [S, L, L]
     causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
-    columns = torch.arange(length, device=segments.device).expand_as(segments)
+    return (same & causal)[:, None]
+
+
+def positions(segments: Tensor) -> Tensor:
+    """Positions [S, L] of packed `segments` [S, L]: counting from 0 at each row's first
+    token."""
+    columns = torch.arange(segments.shape[1], device=segments.device).expand_as(segments)
     first = torch.ones_like(segments, dtype=torch.bool)
     first[:, 1:] = segments[:, 1:] != segments[:, :-1]
     row_start = torch.where(first, columns, 0).cummax(-1).values
-    positions = torch.where(segments >= 0, columns - row_start, 0)
-    return (same & causal)[:, None], positions
+    return torch.where(segments >= 0, columns - row_start, 0)
 
 
 def packed_hidden_states(
@@ -104,6 +119,6 @@ def packed_hidden_states(
     the padding. `packing`: the rows' packing (`packed_rows`), made here when not given."""
     if packing is None:
         packing = packed_rows(model, ids, real, real.sum(-1).tolist())
-    hidden = model.packed_hidden_states(packing.ids, packing.segments)  # [S, L, C]
+    hidden = model.packed_hidden_states(packing)  # [S, L, C]
     gathered = hidden.flatten(0, 1)[packing.source]  # [B, T, C]
     return torch.where(real[..., None], gathered, 0.0)

@@ -6,7 +6,8 @@ LM head runs on those columns only: with vocabularies of tens of thousands of to
 more than the trunk at the prompt positions. The trunk runs padding-free
 (`rlhf.models.packing`): most of a rollout's columns are padding. Rollouts (every response
 starts at column P), the evaluation's KL and DPO (responses start where each row's prompt
-ends) all use this one function.
+ends) all use this one function. A model whose blocks are compiled reads the head chunk by
+chunk, compiled too (`rlhf.sampling.token_head`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from torch import Tensor
 
 from rlhf.models.backbone import Backbone
 from rlhf.models.packing import Packing, packed_hidden_states, packed_rows
+from rlhf.sampling.token_head import entropy, token_head
 
 
 @dataclass
 class ResponseForward:
-    logits: Tensor  # [B, N, V] temperature-scaled logits that predict each token
     logprobs: Tensor  # [B, N] log-prob of each token
+    entropy: Tensor | None  # [B, N] entropy of the distribution each token was drawn from
     hidden: Tensor  # [B, N, C] hidden state that predicts each token
 
 
@@ -35,16 +37,30 @@ def response_forward(
     start: int,
     temperature: float = 1.0,
     packing: Packing | None = None,
+    entropy_grad: bool | None = None,
 ) -> ResponseForward:
-    """Quantities for the N = T - start tokens ids[:, start:] of ids [B, T], from one forward;
-    attention_mask [B, T] marks real tokens; `packing`, the rows' (`packed_rows`), made here
-    when not given. Padded positions hold finite values that mean nothing: callers select
-    them away."""
+    """Quantities for the N = T - start tokens ids[:, start:] of ids [B, T], from one forward
+    at `temperature`; attention_mask [B, T] marks real tokens; `packing`, the rows'
+    (`packed_rows`), made here when not given; `entropy_grad`: None, no entropies; False,
+    entropies that take no gradient (logged); True, ones a loss differentiates. Padded
+    positions hold finite values that mean nothing: callers select them away."""
     real = attention_mask.bool()
     hidden = packed_hidden_states(model, ids, real, packing)[:, start - 1 : -1]
-    logits = model.lm_logits(hidden).float() / temperature
-    logprobs = F.log_softmax(logits, dim=-1).gather(-1, ids[:, start:, None]).squeeze(-1)
-    return ResponseForward(logits=logits, logprobs=logprobs, hidden=hidden)
+    tokens = ids[:, start:]  # [B, N]
+    entropies: Tensor | None = None
+    if model.compiled_blocks is not None:  # the entropies come with the chunks, almost free
+        weight, vocab = model.head_weight(hidden.numel() // hidden.shape[-1])
+        logprobs, entropies = token_head(hidden, weight, tokens, temperature, vocab, True)
+        entropies = entropies if entropy_grad else entropies.detach()
+    else:
+        logits = model.lm_logits(hidden).float() / temperature  # [B, N, V]
+        logprobs = F.log_softmax(logits, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+        if entropy_grad is not None:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropies = entropy(logits)
+    return ResponseForward(
+        logprobs=logprobs, entropy=None if entropy_grad is None else entropies, hidden=hidden
+    )
 
 
 def response_values(

@@ -12,13 +12,16 @@ from rlhf.algorithms.rl.registry import ALGORITHMS
 from rlhf.algorithms.rl.trainer import RLTrainer
 from rlhf.algorithms.rules import contains_number
 from rlhf.algorithms.scorers import RuleScorer
-from rlhf.models import checkpoint
+from rlhf.models import attention, backbone, checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.models.llama import Llama, LlamaConfig
 from rlhf.models.lora import adapters, add_adapters, merged_model
+from rlhf.models.packing import packed_hidden_states
 from rlhf.params.groups import CriticParams, RLParams, SFTParams
 from rlhf.sampling.forward import response_forward
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
+from rlhf.sampling.token_head import entropy, token_head
 from rlhf.tokenizer.chat import encode_example
 from rlhf.tokenizer.tokenizer import save_tokenizer
 from rlhf.train.device import autocast
@@ -167,9 +170,10 @@ def test_a_shapes_captured_graph_is_replayed_by_later_calls_as_fresh_ones_decode
 def test_graph_decoding_at_gpt2s_vocabulary_and_context(monkeypatch):
     """At GPT-2's 50257 tokens, with a prompt filling most of a 1024-token context (long
     running sums, which CUDA's inductor would split into kernels torch 2.11 fails to
-    generate): every sampling rule decodes as graphs exactly what the compiled steps decode
-    launched one by one. (Against the eager steps near-uniform logits over 50k tokens flip a
-    draw at a float boundary; test_decoding compares the choice itself.)"""
+    generate): every sampling rule decodes as graphs the tokens the compiled steps decode
+    launched one by one, their log-probs within float rounding (a captured graph's matmuls
+    may take other cuBLAS kernels). (Against the eager steps near-uniform logits over 50k
+    tokens flip a draw at a float boundary; test_decoding compares the choice itself.)"""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=1, n_head=2, n_embd=32)
     model = GPT(config).to(CUDA).eval()
@@ -179,7 +183,7 @@ def test_graph_decoding_at_gpt2s_vocabulary_and_context(monkeypatch):
         compiled = decode(model, "compiled", sampling, monkeypatch, prompts=prompts)
         graphed = decode(model, "graph", sampling, monkeypatch, prompts=prompts)
         assert torch.equal(graphed.tokens, compiled.tokens)
-        assert torch.equal(graphed.logprobs, compiled.logprobs)
+        torch.testing.assert_close(graphed.logprobs, compiled.logprobs, atol=1e-5, rtol=0)
 
 
 def test_a_compiled_training_step_on_cuda_is_the_eager_step():
@@ -238,3 +242,78 @@ def test_rl_samples_a_float32_policy_through_its_bf16_copy_refreshed_by_each_upd
         assert stats["logprob_mismatch"] < 0.05
     source = trainer.experience.policy.lm_head.weight
     assert torch.equal(copy.refresh().lm_head.weight, source.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama-gqa"])
+def test_packed_forwards_through_varlen_attention_give_the_masked_bins_numbers(family, monkeypatch):
+    """Under bf16 autocast a packed forward runs as one stream through varlen attention:
+    hidden states and every parameter's gradient within bf16 rounding of the masked bins',
+    eager and with the blocks compiled."""
+    torch.manual_seed(0)
+    if family == "gpt":
+        net = GPT(GPTConfig(vocab_size=512, block_size=256, n_layer=2, n_head=4, n_embd=128))
+    else:
+        net = Llama(LlamaConfig(vocab_size=512, block_size=256, n_head=4, n_kv_head=2,
+                                n_embd=128, qk_norm=True))  # fmt: skip
+    net = net.to(CUDA)
+    lengths = [(5, 60), (17, 3), (30, 41), (2, 90), (11, 11), (25, 70)]
+    ids = torch.randint(3, 512, (len(lengths), 30 + 90), device=CUDA)
+    real = torch.zeros_like(ids, dtype=torch.bool)
+    for row, (p, r) in enumerate(lengths):
+        real[row, 30 - p : 30 + r] = True
+    assert attention.varlen_available()
+    (varlen,), calls = attention.VARLEN, []
+
+    def counted(*args, **options):
+        calls.append(1)
+        return varlen.kernel(*args, **options)
+
+    monkeypatch.setattr(attention, "VARLEN", [attention.Varlen(counted, varlen.causal)])
+
+    def forward(through_varlen: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        monkeypatch.setattr(backbone, "runs_varlen", lambda *args: through_varlen)
+        net.zero_grad()
+        with autocast(CUDA, bf16=True):
+            hidden = packed_hidden_states(net, ids, real)
+            loss = torch.where(real, net.values(hidden).float(), 0.0).square().sum()
+        loss.backward()
+        return hidden.float(), [p.grad.clone() for p in net.parameters() if p.grad is not None]
+
+    masked, masked_grads = forward(False)
+    assert not calls
+    for compiled in (False, True):
+        if compiled:
+            net.compile_blocks()
+        segmented, grads = forward(True)
+        assert calls
+        torch.testing.assert_close(segmented, masked, atol=5e-2, rtol=5e-2)
+        for got, want in zip(grads, masked_grads, strict=True):
+            assert (got - want).norm() <= 0.05 * want.norm() + 1e-6
+
+
+def test_the_compiled_token_head_under_bf16_autocast_is_the_plain_head():
+    """RL's chunked, compiled head (the vocabulary padded from 1,000 to 1,024 rows) under
+    bf16 autocast: the plain head's log-probs and entropies, and gradients within bf16
+    rounding of autograd's through the plain head."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(4, 50, 64, generator=generator).to(CUDA).requires_grad_()
+    weight = torch.randn(1000, 64, generator=generator) / 8
+    weight = torch.nn.functional.pad(weight, (0, 0, 0, 24)).to(CUDA).requires_grad_()
+    tokens = torch.randint(0, 1000, (4, 50), generator=generator).to(CUDA)
+    mix = torch.randn(2, 4, 50, generator=generator).to(CUDA)
+    results = []
+    for chunked in (False, True):
+        with autocast(CUDA, bf16=True):
+            if chunked:
+                logprobs, entropies = token_head(hidden, weight, tokens, 0.8, 1000, True)
+            else:
+                logits = torch.nn.functional.linear(hidden, weight)[..., :1000].float() / 0.8
+                logprobs = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+                entropies = entropy(logits)
+        loss = (logprobs * mix[0]).sum() + (entropies * mix[1]).sum()
+        results.append((logprobs, entropies, *torch.autograd.grad(loss, (hidden, weight))))
+    (*values, grad_hidden, grad_weight), (*chunk_values, chunk_hidden, chunk_weight) = results
+    for got, want in zip(chunk_values, values, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for got, want in ((chunk_hidden, grad_hidden), (chunk_weight, grad_weight)):
+        assert (got - want).norm() <= 0.02 * want.norm()

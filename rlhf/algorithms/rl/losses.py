@@ -86,12 +86,6 @@ def clipped_value_loss(
     return 0.5 * masked_mean(torch.maximum(plain_err, clipped_err), mask), clip_fraction
 
 
-def entropy(logits: Tensor) -> Tensor:
-    """Entropy of each position's distribution [..., V] -> [...]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     """1 - Var(returns - values) / Var(returns): 1 is a perfect critic, 0 a constant one."""
     var = masked_var(returns, mask)

@@ -24,11 +24,7 @@ from torch import Tensor
 
 from rlhf.algorithms.rl.experience import Experience, ExperienceMaker
 from rlhf.algorithms.rl.kl import KLController, kl_per_token
-from rlhf.algorithms.rl.losses import (
-    clipped_value_loss,
-    entropy,
-    masked_mean,
-)
+from rlhf.algorithms.rl.losses import clipped_value_loss, masked_mean
 from rlhf.algorithms.rl.microbatches import Forwarded, forwarded, microbatches
 from rlhf.algorithms.rl.registry import Algorithm
 from rlhf.algorithms.scorers import Scorer
@@ -188,13 +184,14 @@ class RLTrainer:
             rollout.prompt_width,
             self.shared.temperature,
             part.packing,
+            entropy_grad=cfg.entropy_coef > 0,
         )
         policy = self.algorithm.policy_loss(
             out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask, cfg
         )
         # at weight 0 the entropy is only logged: no backward pass through it
-        with torch.set_grad_enabled(cfg.entropy_coef > 0):
-            mean_entropy = masked_mean(entropy(out.logits), mask)
+        assert out.entropy is not None
+        mean_entropy = masked_mean(out.entropy, mask)
         loss = policy.loss - cfg.entropy_coef * mean_entropy
         if self.algorithm.kl_penalty == "loss":
             kl = masked_mean(kl_per_token(out.logprobs, exp.ref_logprobs[rows], "k3"), mask)

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlhf.models.attention import Mask, attend
 from rlhf.models.backbone import Backbone
 from rlhf.models.cache import KVCache
 
@@ -46,21 +47,14 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Mask, cache: KVCache | None) -> Tensor:
         batch, steps, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=2)
         # [B, T, C] -> [B, H, T, D]
         q, k, v = (t.view(batch, steps, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=mask is None,
-        )
+        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(batch, steps, width)
         return self.resid_dropout(self.c_proj(y))
 
@@ -85,7 +79,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Mask, cache: KVCache | None) -> Tensor:
         x = x + self.attn(self.ln_1(x), mask, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -139,9 +133,7 @@ class GPT(Backbone):
         c = self.config
         return c.n_layer, c.n_head, c.n_embd // c.n_head
 
-    def trunk(
-        self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache: KVCache | None
-    ) -> Tensor:
+    def trunk(self, ids: Tensor, positions: Tensor, mask: Mask, cache: KVCache | None) -> Tensor:
         x = self.drop(self.wte(ids) + self.wpe(positions))
         for block in self.blocks:
             x = self.run_block(block, x, mask, cache=cache)

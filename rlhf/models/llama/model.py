@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlhf.models.attention import Mask, attend
 from rlhf.models.backbone import Backbone
 from rlhf.models.cache import KVCache
 
@@ -97,7 +98,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(width, c.norm_eps) if c.qk_norm else nn.Identity()
 
     def forward(
-        self, x: Tensor, rotary: tuple[Tensor, Tensor], mask: Tensor | None, cache: KVCache | None
+        self, x: Tensor, rotary: tuple[Tensor, Tensor], mask: Mask, cache: KVCache | None
     ) -> Tensor:
         batch, steps, _ = x.shape
         # [B, T, heads * D] -> [B, heads, T, D]
@@ -111,7 +112,7 @@ class Attention(nn.Module):
         groups = self.n_head // self.n_kv_head
         if groups > 1:  # each key/value head serves `groups` query heads
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        y = attend(q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(batch, steps, -1))
 
 
@@ -135,7 +136,7 @@ class Block(nn.Module):
         self.mlp = MLP(c)
 
     def forward(
-        self, x: Tensor, rotary: tuple[Tensor, Tensor], mask: Tensor | None, cache: KVCache | None
+        self, x: Tensor, rotary: tuple[Tensor, Tensor], mask: Mask, cache: KVCache | None
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rotary, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -182,9 +183,7 @@ class Llama(Backbone):
     def kv_layout(self) -> tuple[int, int, int]:
         return self.config.n_layer, self.config.n_kv_head, self.config.per_head
 
-    def trunk(
-        self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache: KVCache | None
-    ) -> Tensor:
+    def trunk(self, ids: Tensor, positions: Tensor, mask: Mask, cache: KVCache | None) -> Tensor:
         x = self.embed_tokens(ids)
         angles = positions[..., None].float() * self.inv_freq.float()  # [B, T, D/2]
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]

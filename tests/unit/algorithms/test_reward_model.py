@@ -77,9 +77,10 @@ def test_each_response_is_forwarded_once(model, tok, monkeypatch):
     rows_seen = []
     original = model.packed_hidden_states
 
-    def counting_hidden(ids, segments):
+    def counting_hidden(packed):
+        segments = packed.segments
         rows_seen.append(len(segments[segments >= 0].unique()))  # rows packed in the forward
-        return original(ids, segments)
+        return original(packed)
 
     monkeypatch.setattr(model, "packed_hidden_states", counting_hidden)
     rows = [

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from rlhf.models.gpt import GPT, GPTConfig
-from rlhf.models.packing import mask_and_positions, pack, packed_hidden_states
+from rlhf.models.packing import bin_mask, pack, packed_hidden_states, positions
 
 CONFIG = GPTConfig(vocab_size=97, block_size=40, n_layer=2, n_head=4, n_embd=32)
 
@@ -119,9 +119,9 @@ def test_packing_fills_bins_up_to_capacity_and_restarts_positions():
     assert packing.ids.shape == (3, 10)  # 10 | 6 + 4 | 3: the longest first, each where it fits
     assert sorted((packing.segments >= 0).sum(-1).tolist()) == [3, 10, 10]
     assert torch.equal(packing.ids.flatten()[packing.source][real], ids[real])
-    mask, positions = mask_and_positions(packing.segments)
+    mask, restarted = bin_mask(packing.segments), positions(packing.segments)
     for segment, n in enumerate((10, 3, 6, 4)):
-        assert sorted(positions[packing.segments == segment].tolist()) == list(range(n))
+        assert sorted(restarted[packing.segments == segment].tolist()) == list(range(n))
         rows = (packing.segments == segment).nonzero()
         bin_, columns = rows[0, 0], rows[:, 1]
         assert mask[bin_, 0][columns][:, columns].equal(torch.ones(n, n).tril().bool())
