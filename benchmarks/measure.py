@@ -365,7 +365,8 @@ def packed_update_ms(part: Part) -> Iterator[dict[str, Any]]:
     columns = torch.arange(prompt + answer)
     real = (columns >= prompt - prompts[:, None]) & (columns < prompt + answers[:, None])
     ids, real = ids.to(part.device), real.to(part.device)
-    varlen = attention.runs_varlen(part.device, torch.bfloat16, 0.0)
+    head_dim = part.shape.n_embd // part.shape.n_head
+    varlen = attention.runs_varlen(part.device, torch.bfloat16, 0.0, head_dim)
     runs_varlen = backbone.runs_varlen
     try:
         for name, through_varlen in (("masked bins", False), ("varlen", True)):

@@ -10,6 +10,7 @@ masked SDPA path stays the reference (the CPU's, float32's, dropout's).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 HALF = (torch.bfloat16, torch.float16)  # the dtypes flash attention takes
+# what flash attention runs on: Ampere or newer, heads of at most 256 dimensions; unlike SDPA
+# the varlen op has no other kernel to fall back to
+FLASH_CAPABILITY, FLASH_HEAD_DIM = (8, 0), 256
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, segments: Segments) -> Te
 
 @dataclass(frozen=True)
 class Varlen:
+    """This torch's varlen attention, and how it is asked for causal masking (resolved once,
+    outside any compiled graph, which then reads it as a plain global)."""
+
     kernel: Callable[..., Tensor]  # torch.nn.attention.varlen.varlen_attn
     causal: dict[str, Any]  # how it is asked for causal masking
 
@@ -79,12 +86,20 @@ def varlen_available() -> bool:
     return True
 
 
-def runs_varlen(device: torch.device, dtype: torch.dtype, dropout: float) -> bool:
+def runs_varlen(device: torch.device, dtype: torch.dtype, dropout: float, head_dim: int) -> bool:
     """Whether a packed forward on `device` whose weights are `dtype` (autocast's dtype
-    instead where autocast is on) attends through the varlen kernel: CUDA, half precision,
-    no attention dropout (the kernel has none), and a torch that has it."""
-    if device.type != "cuda" or dropout > 0:
+    instead where autocast is on) and whose heads have `head_dim` dimensions attends through
+    the varlen kernel: CUDA on a GPU flash attention runs on, half precision, no attention
+    dropout (the kernel has none), and a torch that has it."""
+    if device.type != "cuda" or dropout > 0 or head_dim > FLASH_HEAD_DIM:
         return False
     if torch.is_autocast_enabled("cuda"):
         dtype = torch.get_autocast_dtype("cuda")
-    return dtype in HALF and varlen_available()
+    return dtype in HALF and runs_flash(device.index) and varlen_available()
+
+
+@functools.cache
+def runs_flash(index: int | None) -> bool:
+    """Whether the CUDA device `index` (None: the current one) is one flash attention runs
+    on."""
+    return torch.cuda.get_device_capability(index) >= FLASH_CAPABILITY

@@ -84,9 +84,10 @@ class Backbone(nn.Module, ABC):
         ids, segments = packed.ids, packed.segments  # [S, L]
         positions = packing.positions(segments)
         dropout = getattr(self.config, "dropout", 0.0) if self.training else 0.0
-        if runs_varlen(ids.device, self.lm_head.weight.dtype, dropout):
-            runs = packed.segments_of_stream
-            stream = self.trunk(ids.view(1, -1), positions.view(1, -1), runs, None)  # [1, S*L, C]
+        head_dim = self.kv_layout()[2]
+        if runs_varlen(ids.device, self.lm_head.weight.dtype, dropout, head_dim):
+            flat_ids, flat_positions = ids.view(1, -1), positions.view(1, -1)  # [1, S*L]
+            stream = self.trunk(flat_ids, flat_positions, packed.runs, None)  # [1, S*L, C]
             return stream.view(*ids.shape, -1)
         return self.trunk(ids, positions, packing.bin_mask(segments), None)
 

@@ -42,8 +42,7 @@ class Packing:
     ids: Tensor  # [S, L] the rows' real tokens back to back in S bins, 0 after a bin's last row
     segments: Tensor  # [S, L] the row each packed token belongs to; -1 for a bin's padding
     source: Tensor  # [B, T] index into the flattened [S * L] of each real token; 0 at padding
-    # the flattened [S * L] stream's runs: each row, and each bin's trailing padding
-    segments_of_stream: Segments
+    runs: Segments  # of the flattened [S * L] stream: each row, each bin's trailing padding
 
 
 def bin_capacity(model: Backbone, lengths: Sequence[int]) -> int:
@@ -86,8 +85,10 @@ def pack(ids: Tensor, real: Tensor, capacity: int, lengths: Sequence[int]) -> Pa
         ids=packed_ids.view(len(fills), width),
         segments=segments.view(len(fills), width),
         source=torch.where(real, target, 0),
-        segments_of_stream=Segments(
-            to_device(torch.tensor(runs, dtype=torch.int32), ids.device), capacity
+        # the capacity bounds every run (and stays the same from batch to batch, so compiled
+        # blocks do not recompile for it) unless a row longer than it has a bin of its own
+        runs=Segments(
+            to_device(torch.tensor(runs, dtype=torch.int32), ids.device), max(capacity, width)
         ),
     )
 

@@ -3,15 +3,16 @@ a chunk of tokens at a time.
 
 RL's update reads two things from the head at every response token: the log-prob of the token
 the rollout chose, and (for the entropy bonus, or only to log it) the entropy of the whole
-next-token distribution. Computed plainly, from `lm_head(hidden).float() / temperature`, they
-hold float32 logits over the vocabulary for every token, their log-softmax and its exponent,
-each kept for the backward pass: [16, 128, 50,257] floats are 412 MB apiece at GPT-2's
-vocabulary, for a minibatch of 16 answers. Here `TokenHead` runs the head on `CHUNK_TOKENS`
-tokens at a time and keeps nothing of the vocabulary's width: the backward pass computes each
-chunk's logits again (one more matmul of the head) and writes its gradient out, softmax minus
-one-hot for the log-prob and -p (log p + H) for the entropy, in ATen ops that compile whole.
-The RL stage compiles the chunks where it compiles the blocks (CUDA); elsewhere the plain
-computation stays, so the CPU's numbers are the ones they were.
+next-token distribution; RL's scoring pass and DPO read the log-probs. Computed plainly, from
+`lm_head(hidden).float() / temperature`, they hold float32 logits over the vocabulary for
+every token, their log-softmax and its exponent, each kept for the backward pass:
+[16, 128, 50,257] floats are 412 MB apiece at GPT-2's vocabulary, for a minibatch of 16
+answers. Here `TokenHead` runs the head on `CHUNK_TOKENS` tokens at a time and keeps nothing
+of the vocabulary's width: the backward pass computes each chunk's logits again (one more
+matmul of the head) and writes its gradient out, softmax minus one-hot for the log-prob and
+-p (log p + H) for the entropy, in ATen ops that compile whole.
+`response_forward` takes this path, compiled, where the stage compiled the model's blocks
+(CUDA); elsewhere the plain computation stays, so the CPU's numbers are the ones they were.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK_TOKENS = 4096  # tokens whose logits one chunk holds: [4096, V] float32 at a time
+CHUNK_TOKENS = 4096  # as the LM loss's chunks (`rlhf.algorithms.lm_loss`): [4096, V] floats
 
 
 def entropy(logits: Tensor) -> Tensor:
     """Entropy of each position's distribution [..., V] -> [...]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return entropy_of(torch.log_softmax(logits.float(), dim=-1))
+
+
+def entropy_of(logp: Tensor) -> Tensor:
+    """Entropy [...] of distributions given by their log-probs [..., V]."""
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -54,7 +59,7 @@ def chunk_values(
     and the dtype of the head's matmul."""
     logp, dtype = chunk_logp(hidden, weight, temperature, vocab, None)
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
-    return chosen, -(logp.exp() * logp).sum(-1), dtype
+    return chosen, entropy_of(logp), dtype
 
 
 def chunk_grads(
@@ -70,7 +75,7 @@ def chunk_grads(
     p = logp.exp()
     grad = (-p * grad_chosen[:, None]).scatter_add(-1, tokens[:, None], grad_chosen[:, None])
     if grad_entropy is not None:
-        values = -(p * logp).sum(-1, keepdim=True)  # [n, 1]
+        values = entropy_of(logp)[:, None]  # [n, 1]
         grad = grad - p * (logp + values) * grad_entropy[:, None]
     grad_out = F.pad(grad / temperature, (0, weight.shape[0] - vocab)).to(dtype)  # [n, V']
     grad_hidden = grad_out.mm(weight.to(dtype)).to(hidden.dtype) if for_hidden else None
@@ -80,8 +85,8 @@ def chunk_grads(
 
 @functools.cache
 def compiled_chunks() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """`chunk_values` and `chunk_grads` compiled whole (shapes marked dynamic as they vary),
-    for the models whose blocks are compiled."""
+    """`chunk_values` and `chunk_grads` compiled whole (a chunk of another length compiles
+    once more, with its length dynamic), for the models whose blocks are compiled."""
     return torch.compile(chunk_values, fullgraph=True), torch.compile(chunk_grads, fullgraph=True)
 
 
@@ -95,15 +100,16 @@ class TokenHead(torch.autograd.Function):
         vocab: int, compiled: bool,
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
         values, _ = compiled_chunks() if compiled else (chunk_values, chunk_grads)
-        chosen, entropies, dtypes = [], [], []
+        # float32 like every chunk's; a response of no tokens gives empty ones
+        chosen = [hidden.new_empty(0, dtype=torch.float32)]
+        entropies, dtype = chosen[:], hidden.dtype
         for start in range(0, hidden.shape[0], CHUNK_TOKENS):
             chunk = slice(start, start + CHUNK_TOKENS)
             logprob, value, dtype = values(hidden[chunk], weight, tokens[chunk], temperature, vocab)
             chosen.append(logprob)
             entropies.append(value)
-            dtypes.append(dtype)
         ctx.save_for_backward(hidden, weight, tokens)
-        ctx.options = (temperature, vocab, dtypes[0], compiled)
+        ctx.options = (temperature, vocab, dtype, compiled)  # dtype: the head's matmuls
         ctx.set_materialize_grads(False)
         return torch.cat(chosen), torch.cat(entropies)
 

@@ -18,6 +18,7 @@ from rlhf.models.llama import Llama, LlamaConfig
 from rlhf.models.lora import adapters, add_adapters, merged_model
 from rlhf.models.packing import packed_hidden_states
 from rlhf.params.groups import CriticParams, RLParams, SFTParams
+from rlhf.sampling import token_head as token_head_module
 from rlhf.sampling.forward import response_forward
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
@@ -291,10 +292,12 @@ def test_packed_forwards_through_varlen_attention_give_the_masked_bins_numbers(f
             assert (got - want).norm() <= 0.05 * want.norm() + 1e-6
 
 
-def test_the_compiled_token_head_under_bf16_autocast_is_the_plain_head():
-    """RL's chunked, compiled head (the vocabulary padded from 1,000 to 1,024 rows) under
-    bf16 autocast: the plain head's log-probs and entropies, and gradients within bf16
-    rounding of autograd's through the plain head."""
+def test_the_compiled_token_head_under_bf16_autocast_is_the_plain_head(monkeypatch):
+    """RL's chunked, compiled head (the vocabulary padded from 1,000 to 1,024 rows; chunks of
+    64 of the 200 tokens) under bf16 autocast: the plain head's log-probs and entropies, and
+    gradients within bf16 rounding of autograd's through the plain head (the backward runs
+    outside autocast, in the forward's matmul dtype)."""
+    monkeypatch.setattr(token_head_module, "CHUNK_TOKENS", 64)
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(4, 50, 64, generator=generator).to(CUDA).requires_grad_()
     weight = torch.randn(1000, 64, generator=generator) / 8

@@ -55,7 +55,7 @@ def test_the_stream_is_cut_into_each_row_and_each_bins_trailing_padding():
     for row, n in enumerate((10, 3, 6, 4)):
         real[row, 10 - n :] = True
     packing = pack(ids, real, capacity=10, lengths=[10, 3, 6, 4])  # 10 | 6 + 4 | 3 + 7 padding
-    runs = packing.segments_of_stream
+    runs = packing.runs
     assert runs.starts.dtype == torch.int32 and runs.longest == 10
     assert runs.starts.tolist() == [0, 10, 16, 20, 23, 30]
     flat = packing.segments.flatten()
@@ -84,12 +84,26 @@ def test_a_packed_forward_through_varlen_is_the_masked_bins_forward(name, monkey
         torch.testing.assert_close(segmented, masked, atol=1e-5, rtol=1e-4)
 
 
-def test_varlen_runs_on_cuda_in_half_precision_without_dropout_only():
+@pytest.mark.parametrize("flash_gpu", [True, False])
+def test_varlen_runs_on_a_flash_gpu_in_half_precision_without_dropout_only(flash_gpu, monkeypatch):
+    """Only where flash attention runs (an Ampere or newer GPU, heads of at most 256
+    dimensions): the varlen op, unlike SDPA, has no other kernel to fall back to."""
+    monkeypatch.setattr(attention, "runs_flash", lambda index: flash_gpu)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert not attention.runs_varlen(cpu, torch.bfloat16, 0.0)
-    assert not attention.runs_varlen(cuda, torch.float32, 0.0)  # no autocast here
-    assert not attention.runs_varlen(cuda, torch.bfloat16, 0.1)
-    assert attention.runs_varlen(cuda, torch.bfloat16, 0.0) == attention.varlen_available()
+    assert not attention.runs_varlen(cpu, torch.bfloat16, 0.0, 64)
+    assert not attention.runs_varlen(cuda, torch.float32, 0.0, 64)  # no autocast here
+    assert not attention.runs_varlen(cuda, torch.bfloat16, 0.1, 64)
+    assert not attention.runs_varlen(cuda, torch.bfloat16, 0.0, 512)
+    assert attention.runs_varlen(cuda, torch.bfloat16, 0.0, 64) == flash_gpu
+
+
+def test_a_row_longer_than_the_capacity_is_one_run_its_bound_covers():
+    ids = torch.arange(30).view(3, 10)
+    real = torch.ones_like(ids, dtype=torch.bool)
+    real[1, :6] = real[2, :3] = False
+    packing = pack(ids, real, capacity=8, lengths=[10, 4, 7])  # 10 | 7 | 4: 3 bins of 10
+    assert packing.runs.starts.tolist() == [0, 10, 17, 20, 24, 30]
+    assert packing.runs.longest == 10
 
 
 def test_causal_masking_is_asked_for_as_this_torch_spells_it():
