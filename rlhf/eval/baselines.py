@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.best_of_n import kl_bound
-from rlhf.eval.policies import ScoredAnswers
 from rlhf.eval.summary import RATE_FIELDS
 from rlhf.eval.win_rates import WinRate, win_rate
 from rlhf.reward_sources import GOLD, JUDGES, REWARD_MODEL, parse

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rlhf.eval.policies import ScoredAnswers
+from rlhf.eval.answers import ScoredAnswers
 
 
 def kl_bound(n: int) -> float:

@@ -9,17 +9,17 @@ which a policy that barely moved can put below 0; kept beside it, named as such)
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.gold import gold_summary, has_judge
 from rlhf.eval.win_rates import compare
 from rlhf.models.backbone import Backbone
-from rlhf.reward_sources import GOLD, REWARD_MODEL
+from rlhf.reward_sources import GOLD
 from rlhf.sampling.forward import response_kl
 from rlhf.sampling.rollout import sample_rollout
 from rlhf.sampling.sampler import SamplingConfig
@@ -88,69 +88,6 @@ def sample_policy(
 
 
 Judge = Callable[[str, str], float]
-# summary name -> per-answer field
-MEASURES = {
-    "gold": "gold",
-    "reward": "reward",
-    "kl": "kl",
-    "kl_sampled": "kl_sampled",
-    "length": "length",
-    "end_token_rate": "ended",
-}
-
-
-@dataclass
-class ScoredAnswers:
-    """One policy's answers to the evaluation prompts, with what was measured on each."""
-
-    prompt_index: list[int]  # which evaluation prompt each answer answers
-    prompts: list[str]  # that prompt
-    tasks: list[str]
-    responses: list[str]
-    gold: list[float] | None  # None when the prompts have no gold judge
-    reward: list[float]  # reward model, normalized as PPO sees it
-    kl: list[float]  # to the reference policy, exact over the vocabulary
-    kl_sampled: list[float]  # the sampled estimate of the same
-    length: list[int]
-    ended: list[bool]
-    other_judges: dict[str, list[float]] = field(default_factory=dict)  # hf:DIR, rule:NAME
-
-    def take(self, rows: Sequence[int]) -> ScoredAnswers:
-        """These answers' rows `rows`, in that order, with everything measured on them."""
-
-        def pick(values: Sequence[Any]) -> list[Any]:
-            return [values[i] for i in rows]
-
-        measured = {
-            f.name: pick(getattr(self, f.name))
-            for f in fields(self)
-            if f.name != "other_judges" and getattr(self, f.name) is not None
-        }
-        judges = {name: pick(scores) for name, scores in self.other_judges.items()}
-        return replace(self, **measured, other_judges=judges)
-
-    def judged_by(self, judge: str) -> list[float]:
-        """Each answer's score by `judge`: gold, the reward model (`rm`) or another judge."""
-        scores = {GOLD: self.gold, REWARD_MODEL: self.reward}.get(judge)
-        return self.other_judges[judge] if scores is None else scores
-
-    def _mean(self, measure: str, rows: Sequence[int]) -> float | None:
-        values = getattr(self, MEASURES[measure])
-        if values is None:
-            return None
-        return round(sum(float(values[i]) for i in rows) / len(rows), 4)
-
-    def means(self) -> dict[str, float | None]:
-        """Every measure averaged over all answers."""
-        rows = range(len(self.responses))
-        return {m: self._mean(m, rows) for m in MEASURES}
-
-    def by_task(self) -> dict[str, dict[str, float | None]]:
-        """Every measure averaged within each task family."""
-        rows: defaultdict[str, list[int]] = defaultdict(list)
-        for i, task in enumerate(self.tasks):
-            rows[task].append(i)
-        return {t: {m: self._mean(m, r) for m in MEASURES} for t, r in sorted(rows.items())}
 
 
 def score_policy(

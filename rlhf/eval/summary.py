@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.metric_keys import flattened
-from rlhf.eval.policies import ScoredAnswers
 from rlhf.eval.win_rates import WinRate, compare_outcomes, outcomes
 
 if TYPE_CHECKING:

@@ -30,11 +30,12 @@ from rlhf.algorithms.scorers import PairJudge, Scorer, ScoringContext, build
 from rlhf.atomic import write_csv
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows
 from rlhf.eval import report
+from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.baselines import baseline_metrics, best_temperature, primary_judge
 from rlhf.eval.best_of_n import best_of_n
 from rlhf.eval.gold import has_judge
 from rlhf.eval.metric_keys import evaluated_policies
-from rlhf.eval.policies import ScoredAnswers, score_policy
+from rlhf.eval.policies import score_policy
 from rlhf.eval.summary import curve_point, headline, side_by_side, summarize, win_rates
 from rlhf.models import checkpoint
 from rlhf.models.backbone import freeze

@@ -52,8 +52,17 @@ def test_two_processes_take_the_rl_step_one_takes(trained_project, tmp_path, alg
         assert metrics_2 == metrics_1, strategy
 
 
+@pytest.fixture(scope="module")
+def sharded_ppo(trained_project, tmp_path_factory):
+    """A whole tiny PPO run at 2 processes, policy and critic sharded: what one process
+    computes, and what a killed rank's rerun must end with."""
+    return rl_run(
+        trained_project, tmp_path_factory.mktemp("sharded"), "ppo", 2, {"train.strategy": "fsdp2"}
+    )
+
+
 @pytest.mark.slow
-def test_a_full_tiny_ppo_run_at_two_processes_matches_one(trained_project, tmp_path):
+def test_a_full_tiny_ppo_run_at_two_processes_matches_one(trained_project, tmp_path, sharded_ppo):
     """Four iterations of 4 updates each, at 2 processes with the policy and critic
     replicated (DDP) or sharded (FSDP2; sampling on the policy gathered once per rollout):
     the answers sampled stay the same, the statistics drift only by summation order
@@ -61,10 +70,8 @@ def test_a_full_tiny_ppo_run_at_two_processes_matches_one(trained_project, tmp_p
     absolute), and the metrics, at their 4 decimals, agree. One process is the shared trained
     project's own PPO stage: the same params and thread count write the same bytes."""
     metrics_1, curves_1 = rl_results(trained_project, "ppo")
-    for strategy in ("ddp", "fsdp2"):
-        metrics_2, curves_2 = rl_run(
-            trained_project, tmp_path / strategy, "ppo", 2, {"train.strategy": strategy}
-        )
+    replicated = rl_run(trained_project, tmp_path / "ddp", "ppo", 2, {"train.strategy": "ddp"})
+    for strategy, (metrics_2, curves_2) in (("ddp", replicated), ("fsdp2", sharded_ppo)):
         assert curves_2["answers"] == curves_1["answers"]
         assert curves_2["score"] == pytest.approx(curves_1["score"], rel=1e-5)
         for name in ("value_loss", "ptx_loss", "entropy", "kl"):
@@ -90,14 +97,12 @@ def test_sharded_lora_ppo_matches_replicated_lora_ppo(trained_project, tmp_path)
 
 @pytest.mark.slow
 def test_a_killed_rank_stops_ppo_and_the_rerun_resumes_to_the_same_numbers(
-    trained_project, tmp_path
+    trained_project, tmp_path, sharded_ppo
 ):
     """Sharded (the resume state gathered whole from the shards); a replicated policy's
     resume: tests/stages/test_rl_stage.py, and a killed replicated rank:
     tests/system/test_distributed.py."""
-    sharding = {"train.strategy": "fsdp2"}
-    whole = rl_run(trained_project, tmp_path / "whole", "ppo", 2, sharding)
-    project = stage_project(trained_project, tmp_path / "killed", "rl", sharding)
+    project = stage_project(trained_project, tmp_path / "killed", "rl", {"train.strategy": "fsdp2"})
     status, stderr, seconds = kill_rank_at_first_save(project, 1, "rl", "ppo")
     assert status == 75 and seconds < 60
     assert [line for line in stderr.splitlines() if line.startswith("failed:")] == [
@@ -108,4 +113,4 @@ def test_a_killed_rank_stops_ppo_and_the_rerun_resumes_to_the_same_numbers(
     assert not (project / "metrics" / "details" / "ppo.json").exists()
     rerun = run_stage(project, "rl", 2, "ppo")
     assert "rl@ppo: resuming from iteration 2 of 4" in rerun.stderr
-    assert rl_results(project, "ppo") == whole
+    assert rl_results(project, "ppo") == sharded_ppo

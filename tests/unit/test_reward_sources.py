@@ -7,7 +7,7 @@ import torch
 from rlhf import reward_sources
 from rlhf.algorithms.rules import PAIR_RULES, RULES, shorter
 from rlhf.algorithms.scorers import BUILDERS, PairRuleJudge, PreferenceJudge
-from rlhf.eval.policies import ScoredAnswers
+from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.summary import win_rates
 from rlhf.eval.win_rates import compare_outcomes
 from rlhf.params import ParamsError, parse_params

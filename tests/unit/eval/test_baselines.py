@@ -11,6 +11,7 @@ import torch
 from torch.distributions import Categorical, kl_divergence
 
 from rlhf.algorithms.scorers import RuleScorer
+from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.baselines import (
     against_baselines,
     best_temperature,
@@ -19,7 +20,7 @@ from rlhf.eval.baselines import (
     primary_judge,
 )
 from rlhf.eval.best_of_n import best_of_n, kl_bound, pool_kl
-from rlhf.eval.policies import ScoredAnswers, sample_policy, score_policy
+from rlhf.eval.policies import sample_policy, score_policy
 from rlhf.params.groups import EvaluateParams
 from rlhf.sampling.forward import response_kl
 from rlhf.sampling.rollout import sample_rollout
