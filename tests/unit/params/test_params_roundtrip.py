@@ -69,7 +69,7 @@ def changed_lines(before: str, after: str) -> list[str]:
         ["seed=1234"],  # a scalar
         ["rl_algorithms=[ppo,grpo]"],  # the top-level list
         ["data.tasks=[greet,add,capital,repeat,refuse,uppercase]"],  # a list in a group
-        ["ppo.kl_coef=0.2", "evaluate.temperatures=[0.3,0.5,0.7,1.0]", "model.bias=true"],
+        ["ppo.kl_coef=0.5", "evaluate.temperatures=[0.3,0.5,0.7,1.0]", "model.bias=true"],
         ["device=auto", "evaluate.judges=[gold,rm]", "rl.ensemble=[]"],
     ],
     ids=["scalar", "top-level-list", "nested-list", "nested-keys", "strings-and-lists"],
@@ -92,15 +92,15 @@ def test_every_key_set_to_its_own_value_leaves_the_shipped_file_as_it_is(tmp_pat
 def test_rlhf_run_s_with_the_same_values_gives_the_same_text():
     """`rlhf run -S` / `rlhf params -S` apply each override in turn through with_overrides."""
     path = REPO / "params.yaml"
-    text, _ = with_overrides(path, ["seed=1234", "rl_algorithms=[ppo,grpo]", "ppo.kl_coef=0.2"])
+    text, _ = with_overrides(path, ["seed=1234", "rl_algorithms=[ppo,grpo]", "ppo.kl_coef=0.5"])
     assert text == path.read_text()
 
 
 def test_setting_another_value_changes_only_its_line_and_keeps_its_comment(tmp_path):
     before, after = dvc_sets(tmp_path, "params.yaml", ["ppo.kl_coef=0.05"])
     assert changed_lines(before, after) == [
-        "-  kl_coef: 0.2          # KL penalty in every token's reward",
-        "+  kl_coef: 0.05         # KL penalty in every token's reward",
+        "-  kl_coef: 0.5          # KL penalty in every token's reward (0.2 over-optimizes here)",
+        "+  kl_coef: 0.05         # KL penalty in every token's reward (0.2 over-optimizes here)",
     ]
 
 
