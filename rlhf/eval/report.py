@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlhf.eval import plots
 from rlhf.eval.baselines import against_baselines
 from rlhf.eval.win_rates import WinRate
 from rlhf.reward_sources import JUDGES, REWARD_MODEL, parse
+
+if TYPE_CHECKING:
+    from rlhf.eval import plots
 
 Rows = Sequence[Mapping[str, Any]]
 REPORT_FILE = "eval.md"
@@ -336,6 +338,8 @@ def write(
     """The report into a new `directory`: eval.md and the figures the data allows.
     `losses`: {stage title: (training loss per step, validation loss per epoch)} for the
     training-curve panels."""
+    from rlhf.eval import plots  # matplotlib: not for the flows, which print the tables only
+
     (directory / "figures").mkdir(parents=True)
     figures: dict[str, str] = {}  # caption -> path relative to the report
 

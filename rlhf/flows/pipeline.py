@@ -31,7 +31,6 @@ from prefect.client.schemas.objects import FlowRun, TaskRun
 from prefect.context import get_run_context
 from prefect.states import Completed, Failed, State
 
-from rlhf.dvcfile import declared_stages
 from rlhf.errors import PipelineError
 from rlhf.eval.metric_keys import flattened
 from rlhf.eval.report import policies_table, win_rates_table
@@ -54,6 +53,7 @@ from rlhf.params import ParamsError
 from rlhf.project import paths
 from rlhf.project.metric_files import read_metrics
 from rlhf.project.overrides import set_params
+from rlhf.project.specs import filed_as
 from rlhf.stages.support.entry import ERROR_PREFIX, FAILED_PREFIX
 from rlhf.stages.support.launch import NPROC_ENV
 
@@ -78,13 +78,17 @@ def stages_for(target: str, root: Path) -> list[str]:
 
 def measured(stage: str, root: Path) -> dict[str, dict[str, Any]]:
     """What stage `stage` (`sft`, `rl@ppo`) measured (its details: all of it) and how fast it
-    ran, by kind; a kind it has no file of is left out."""
-    name, _, item = stage.partition("@")
-    spec = declared_stages()[name].filled(item or None)
+    ran, by kind; a kind it has no file of is left out. The details file is found among the
+    stage's outs in dvc.yaml, not in its SPEC: the stage modules import torch, which a stage's
+    flow run, waiting on `dvc repro`, need not load (3 s of CPU)."""
+    with Repo(str(root)) as repo:
+        (declared,) = repo.stage.collect(stage)
+        outs = [Path(out.def_path) for out in declared.outs]
     kinds = {}
-    if spec.details and (root / spec.details).exists():
-        kinds["metrics"] = read_metrics(spec.details.stem, root)  # `eval` for evaluate
-    timings = root / paths.timings_file(spec.filed_as)
+    for details in outs:
+        if details.parent == paths.DETAILS and (root / details).exists():
+            kinds["metrics"] = read_metrics(details.stem, root)  # `eval` for evaluate
+    timings = root / paths.timings_file(filed_as(stage))
     if timings.exists():
         kinds["timings"] = json.loads(timings.read_text())
     return kinds

@@ -25,6 +25,7 @@ COMPARISONS_VAL = COLLECTED / "comparisons_val.parquet"
 ARTIFACTS = Path("artifacts")
 TOKENIZER = ARTIFACTS / "tokenizer"
 METRICS = Path("metrics")
+DETAILS = METRICS / "details"  # what each stage measured, beyond its headline
 REPORTS = Path("reports")
 REPORT = REPORTS / "eval.md"
 
@@ -51,7 +52,7 @@ def metrics_file(stage: str) -> Path:
 def details_file(stage: str) -> Path:
     """Everything else the stage measured (`metric_files.py`), an output DVC's metrics views
     do not read."""
-    return METRICS / "details" / f"{stage}.json"
+    return DETAILS / f"{stage}.json"
 
 
 def timings_file(stage: str) -> Path:

@@ -50,8 +50,7 @@ class StageSpec:
 
     @property
     def filed_as(self) -> str:
-        """The name its outputs go under: the stage's, or an RL stage's algorithm."""
-        return self.item or self.name
+        return filed_as(self.address)
 
     @property
     def resume_file(self) -> Path:
@@ -98,6 +97,13 @@ def trained_outputs(name: str, headline: Mapping[str, str]) -> dict[str, object]
         "details": paths.details_file(name),
         "plots": (paths.curves_folder(name),),
     }
+
+
+def filed_as(address: str) -> str:
+    """The name a stage's outputs go under, from its DVC address: the stage's (`sft`), or an
+    RL stage's algorithm (`ppo` for `rl@ppo`)."""
+    name, _, item = address.partition("@")
+    return item or name
 
 
 def _fill(path: Path, item: str) -> Path:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,7 +41,7 @@ from rlhf.flows.pipeline import REFUSED, SKIPPED, pipeline, stage_flow
 from rlhf.flows.stage_names import stage_names
 from rlhf.params.groups import RL_ALGORITHMS
 
-from conftest import REPO, prefect_env, sh, shared_project
+from conftest import REPO, clean_env, prefect_env, sh, shared_project
 
 OWN_DATA = ["+data.source=files", "+collect.labeler=human"]  # no raw data: prepare refuses
 
@@ -118,6 +120,26 @@ def test_flow_skips_every_stage_of_an_up_to_date_project_and_publishes_its_metri
         "rlhf-evaluation",
     }  # fmt: skip
     assert published <= artifact_keys(state)
+
+
+def test_what_a_stage_flow_run_publishes_is_found_without_loading_torch(trained_project):
+    """Each stage a pipeline dispatches is a flow-run process of its own, which publishes what
+    the stage measured; finding those files loads no torch (3 s of CPU a process)."""
+    code = (
+        "import json, sys; from pathlib import Path; from rlhf.flows.pipeline import measured; "
+        f"found = {{s: sorted(measured(s, Path())) for s in {sorted(ALL_STAGES)!r}}}; "
+        "print(json.dumps([found, 'torch' in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=trained_project, env=clean_env(),
+                          capture_output=True, text=True)  # fmt: skip
+    found, torch_loaded = json.loads(done.stdout or "null") or (None, None)
+    assert found is not None, done.stderr
+    trained = {"sft", "collect", "rm", "rl@ppo", "rl@grpo", "dpo"}
+    assert found == {
+        stage: ["metrics", "timings"] if stage in trained else ["metrics"] * (stage == "evaluate")
+        for stage in ALL_STAGES
+    }
+    assert torch_loaded is False
 
 
 def test_a_ppo_override_reruns_ppo_and_what_follows(in_copy):
