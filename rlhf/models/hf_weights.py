@@ -160,8 +160,7 @@ def _expected(backbone: str, config: dict[str, Any]) -> Expected:
     """The tensors a folder must hold for the backbone `config` describes (the context
     uncut: GPT-2 keeps n_positions position embeddings), read off the model built on the
     `meta` device, which allocates nothing."""
-    with torch.device("meta"):
-        model = registry.build(backbone, config)
+    model = registry.build_on_meta(backbone, config)
     state = model.state_dict()
     shapes = {k: list(v.shape) for k, v in state.items() if not k.startswith(OWN_HEADS)}
     shapes[SCORE_WEIGHT] = list(state["reward_head.weight"].shape)

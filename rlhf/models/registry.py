@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch.overrides import TorchFunctionMode
+
 from rlhf.models import gpt, llama
 from rlhf.models.backbone import Backbone
 from rlhf.models.family import Family
@@ -46,3 +49,24 @@ def build(name: str, config: dict[str, Any]) -> Backbone:
     """A freshly initialized backbone `name` with architecture `config`."""
     cls = family(name).model
     return cls(cls.config_class(**config))
+
+
+class _NoRandomFill(TorchFunctionMode):
+    """`normal_` left out on `meta`, which holds no values to fill: its meta implementation
+    imports torch._dynamo on first use, 2 s of CPU that every stage paid for its memory
+    estimate (and a refused one before its one-line error)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.normal_, torch.nn.init.normal_):  # (tensor, ...) either way
+            tensor = args[0] if args else kwargs["tensor"]
+            if tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+def build_on_meta(name: str, config: dict[str, Any]) -> Backbone:
+    """Backbone `name` with architecture `config` on the `meta` device: its shapes, nothing
+    allocated, no values (what the memory estimate and the weights check read)."""
+    with torch.device("meta"), _NoRandomFill():
+        return build(name, config)

@@ -21,7 +21,7 @@ import torch
 
 from rlhf.errors import ResourceError
 from rlhf.models.backbone import Backbone
-from rlhf.models.registry import build
+from rlhf.models.registry import build_on_meta
 
 TRAINED_BYTES_PER_PARAM = 16  # fp32 weight, gradient and AdamW's two moments
 FROZEN_BYTES_PER_PARAM = 4  # fp32 weight only (a reference policy)
@@ -97,8 +97,7 @@ class Extrapolated:
     def of(cls, backbone: str, config: dict[str, Any], checkpointed: bool) -> Extrapolated:
         shallow = []
         for layers in (1, 2):
-            with torch.device("meta"):
-                model = build(backbone, {**config, "n_layer": layers})
+            model = build_on_meta(backbone, {**config, "n_layer": layers})
             model.activation_checkpointing = checkpointed
             shallow.append(model)
         default = {f.name: f.default for f in dataclasses.fields(shallow[0].config_class)}

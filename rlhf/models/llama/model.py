@@ -51,9 +51,13 @@ class LlamaConfig:
 
 def rope_frequencies(c: LlamaConfig) -> Tensor:
     """Inverse frequencies [D/2] of the rotary embedding; with Llama-3 scaling, wavelengths
-    beyond the original context are stretched by `rope_factor`, the band between smoothly."""
+    beyond the original context are stretched by `rope_factor`, the band between smoothly.
+    Computed on the CPU whatever the default device: on `meta` (the memory estimate builds the
+    model there) its arithmetic would run Python reference kernels, which import
+    torch._dynamo, 2 s of CPU."""
     dim = c.per_head
-    inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / c.rope_theta**exponents
     if not c.rope_original_max_len:
         return inv_freq
     low_wavelen = c.rope_original_max_len / c.rope_low_freq_factor
@@ -157,7 +161,8 @@ class Llama(Backbone):
             self.lm_head.weight = self.embed_tokens.weight
         self.value_head = nn.Linear(config.n_embd, 1)
         self.reward_head = nn.Linear(config.n_embd, 1)
-        self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
+        inv_freq = rope_frequencies(config).to(torch.get_default_device())
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
