@@ -89,13 +89,6 @@ def same_answer(extracted: str, reference: str) -> bool:
     return normalized(extracted) == normalized(reference)
 
 
-def check(answer: str, reference: str, extractor: str = "last_number") -> bool:
-    """Whether `answer`'s final answer, as `extractor` finds it, is `reference`; False when it
-    has none."""
-    extracted = EXTRACTORS[extractor](answer)
-    return extracted is not None and same_answer(extracted, reference)
-
-
 def reward(answer: str, reference: str, extractor: str, format_reward: float = 0.0) -> float:
     """1 for the right final answer; `format_reward` for a wrong one the extractor found (the
     answer kept the format), 0 for none."""
@@ -115,3 +108,9 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
     if n - correct < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - correct + 1, n + 1))
+
+
+def check(answer: str, reference: str, extractor: str = "last_number") -> bool:
+    """Whether `answer`'s final answer, as `extractor` finds it, is `reference`; False when it
+    has none."""
+    return reward(answer, reference, extractor) == 1.0

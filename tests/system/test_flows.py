@@ -132,8 +132,8 @@ def test_what_a_stage_flow_run_publishes_is_found_without_loading_torch(trained_
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=trained_project, env=clean_env(),
                           capture_output=True, text=True)  # fmt: skip
-    found, torch_loaded = json.loads(done.stdout or "null") or (None, None)
-    assert found is not None, done.stderr
+    assert done.returncode == 0, done.stderr
+    found, torch_loaded = json.loads(done.stdout)
     trained = {"sft", "collect", "rm", "rl@ppo", "rl@grpo", "dpo"}
     assert found == {
         stage: ["metrics", "timings"] if stage in trained else ["metrics"] * (stage == "evaluate")

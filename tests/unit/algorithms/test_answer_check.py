@@ -11,7 +11,6 @@ import pytest
 
 from rlhf.algorithms.answer_check import (
     as_number,
-    boxed,
     check,
     last_number,
     pass_at_k,
@@ -83,16 +82,18 @@ def test_a_written_number_has_its_exact_value_or_none(text, value):
 
 
 @pytest.mark.parametrize(
-    "hostile",
-    ["9" * 100_000, "\\boxed{" * 50_000, "{" * 100_000 + "\\boxed{", "1," * 100_000,
-     "-" * 100_000 + "1", "#### " + "1e" * 50_000],
+    ("hostile", "right"),
+    [("9" * 100_000, ()),  # a 100,000-digit number is no number: compared as text
+     ("\\boxed{" * 50_000, ()), ("{" * 100_000 + "\\boxed{", ()),  # never closed
+     ("1," * 100_000, ("last_number",)),  # not thousands: the last number is 1
+     ("-" * 100_000 + "1", ()),  # -1
+     ("#### " + "1e" * 50_000, ())],  # 1e1 after the mark: 10
 )  # fmt: skip
-def test_untrusted_text_never_raises_and_is_checked_in_linear_time(hostile):
+def test_untrusted_text_is_checked_in_linear_time_without_raising(hostile, right):
     started = time.perf_counter()
-    for extractor in ("last_number", "gsm8k", "boxed"):
-        assert check(hostile, "1", extractor) in (True, False)
-    assert boxed(hostile) is None or isinstance(boxed(hostile), str)
+    found = {e: check(hostile, "1", e) for e in ("last_number", "gsm8k", "boxed")}
     assert time.perf_counter() - started < 2.0
+    assert found == {e: e in right for e in found}
 
 
 def brute_force_pass_at_k(n: int, correct: int, k: int) -> float:
