@@ -3,10 +3,11 @@ answers.
 
 `rl.reward` (what the RL stages maximize), `collect.labeler` (who ranks collect's answers) and
 `evaluate.judges` (who decides the win rates) name their scorers with the same spellings:
-`gold`, `rm`, `hf:DIR`, `rule:NAME`, ... Each kind here says how it is spelled, which keys
-accept it, what it reads (the task suite, the trained reward model, a folder or checkpoint DVC
-must track, people's labels) and whether it scores one answer or compares two. params
-validation, dvc.yaml's deps and the stages all read this table.
+`gold`, `rm`, `hf:DIR`, `rule:NAME`, `check:EXTRACTOR`, ... Each kind here says how it is
+spelled, which keys accept it, what it reads (the task suite, the trained reward model, a
+folder or checkpoint DVC must track, people's labels, the prompts' references) and whether it
+scores one answer or compares two. params validation, dvc.yaml's deps and the stages all read
+this table.
 
 It is light on purpose (no torch, no models): every stage imports the params, and what a stage
 imports is what dvc.yaml makes it depend on. Building a kind's scorer is the job of
@@ -35,8 +36,9 @@ LIST_KEYS = {JUDGES}  # keys whose value is a list of sources, each read on its 
 # `suite`: the task suite's gold judge, so task-suite prompts only;
 # `reward_model`: the reward model the pipeline trained (a stage output);
 # `path`: the file or folder its argument names, outside the pipeline: a dep DVC must track;
-# `labels`: the folder of people's rankings (`rlhf label`).
-Reads = Literal["suite", "reward_model", "path", "labels"]
+# `labels`: the folder of people's rankings (`rlhf label`);
+# `references`: each prompt's reference answer (the prompts' `reference` column).
+Reads = Literal["suite", "reward_model", "path", "labels", "references"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class SourceKind:
 RULES = ("contains_number", "gold")  # rlhf.algorithms.rules.RULES' names, checked by a test
 PAIR_RULES = ("shorter",)  # rlhf.algorithms.rules.PAIR_RULES' names, checked by a test
 SUITE_RULE = "gold"  # the rule that is the task suite's gold judge
+# rlhf.algorithms.answer_check.EXTRACTORS' names, checked by a test
+CHECK_EXTRACTORS = ("last_number", "gsm8k", "boxed")
 
 # In this order in every error message and doc that lists them.
 KINDS = {
@@ -93,6 +97,11 @@ KINDS = {
             "the reward function {}", choices=RULES, choice_noun="rule",
         ),
         SourceKind(
+            "check", "check", "EXTRACTOR", frozenset({REWARD, LABELER, JUDGES}), "references",
+            "the answer checker: the final answer ({} extractor) against the prompt's "
+            "reference, 1 or 0", choices=CHECK_EXTRACTORS, choice_noun="extractor",
+        ),
+        SourceKind(
             "pairwise_rm", "pairwise:rm", None, frozenset({JUDGES}), "reward_model",
             "the trained reward model shown both answers: the one it prefers under its "
             "Bradley-Terry model wins", pairwise=True,
@@ -121,6 +130,12 @@ class Source:
     def path(self) -> Path | None:
         """The file or folder outside the pipeline it reads, which DVC must track."""
         return Path(self.argument) if self.kind.reads == "path" and self.argument else None
+
+    @property
+    def needs_references(self) -> bool:
+        """Whether it scores against each prompt's reference answer, which every prompt it
+        scores must then have."""
+        return self.kind.reads == "references"
 
     @property
     def by_people(self) -> bool:

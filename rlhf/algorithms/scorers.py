@@ -11,13 +11,14 @@ share one interface.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from rlhf.algorithms import answer_check
 from rlhf.algorithms.reward_model import score
 from rlhf.algorithms.rules import PAIR_RULES, RULES
 from rlhf.models import checkpoint, hf, registry
@@ -102,6 +103,28 @@ class RuleScorer:
 
 
 @dataclass
+class CheckScorer:
+    """The answer checker (`rlhf.algorithms.answer_check`): 1 for the reference's final answer,
+    `format_reward` for another the extractor found, 0 for none. It scores only prompts it has
+    a reference for; the stages refuse others before anything loads (`require_references`)."""
+
+    references: Mapping[str, str | None]  # prompt -> its reference answer
+    extractor: str
+    format_reward: float = 0.0
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> Tensor:
+        scores = []
+        for prompt, response in zip(prompts, responses, strict=True):
+            reference = self.references.get(prompt)
+            if reference is None:
+                raise ValueError(f"no reference answer to check against for {prompt[:60]!r}")
+            scores.append(
+                answer_check.reward(response, reference, self.extractor, self.format_reward)
+            )
+        return torch.tensor(scores, dtype=torch.float32)
+
+
+@dataclass
 class EnsembleScorer:
     """Several reward models' normalized scores, averaged or (against hacking) their minimum:
     a policy exploiting one model's blind spot gets no credit the others do not also give."""
@@ -177,6 +200,8 @@ class ScoringContext:
     ensemble: Sequence[str | Path] = ()  # rl.ensemble's further checkpoints
     ensemble_reduce: str = "min"
     frozen_bf16: bool = False  # external reward models in bfloat16 on CUDA
+    references: Mapping[str, str | None] = field(default_factory=dict)  # prompt -> reference
+    format_reward: float = 0.0  # the checker's reward for a wrong answer in the right format
     _reward_model: RewardModelScorer | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -206,6 +231,9 @@ BUILDERS: dict[str, Callable[[Source, ScoringContext], Scorer | PairJudge]] = {
     "hf": lambda source, context: external_scorer(source.path, context.device, context.frozen_bf16),
     "ensemble": _ensemble,
     "rule": lambda source, context: RuleScorer(RULES[source.argument]),
+    "check": lambda source, context: CheckScorer(
+        context.references, source.argument, context.format_reward
+    ),
     "pairwise_rm": lambda source, context: PreferenceJudge(context.reward_model()),
     "pairwise_rule": lambda source, context: PairRuleJudge(PAIR_RULES[source.argument]),
 }

@@ -21,7 +21,7 @@ from rlhf.project import paths
 from rlhf.stages.support.common import console
 
 ImportKind = Enum("ImportKind", {name: name for name in FORMATS}, type=str)
-DEMONSTRATIONS = ImportKind("sft")  # the one kind that holds demonstrations, not comparisons
+DEMONSTRATIONS = ImportKind("sft")  # the default kind
 
 
 class ImportedAs(str, Enum):
@@ -43,9 +43,9 @@ def import_data(
         ImportedAs | None,
         typer.Option(
             "--as",
-            help="What to write. Default: demonstrations for --kind sft, comparisons for the "
-            "others; `--as demonstrations` on comparisons keeps each prompt's best answer "
-            "(HH-RLHF's chosen) as an SFT demonstration.",
+            help="What to write. Default: demonstrations for --kind sft, gsm8k and qa, "
+            "comparisons for the others; `--as demonstrations` on comparisons keeps each "
+            "prompt's best answer (HH-RLHF's chosen) as an SFT demonstration.",
         ),
     ] = None,
     out: Annotated[
@@ -71,14 +71,16 @@ def import_data(
 ) -> None:
     """Validate your own data row by row and write it where the pipeline reads it."""
     from rlhf.atomic import publication
-    from rlhf.data.importers import best_answers, import_file, write_rejected
+    from rlhf.data.importers import IMPORTERS, best_answers, import_file, write_rejected
     from rlhf.data.schemas import RANKED_SCHEMA, SFT_SCHEMA, write_rows
 
-    from_sft = kind is DEMONSTRATIONS
+    from_sft = IMPORTERS[kind.value].schema is SFT_SCHEMA
     default_as = ImportedAs.demonstrations if from_sft else ImportedAs.comparisons
     is_sft = (imported_as or default_as) is ImportedAs.demonstrations
     if from_sft and not is_sft:
-        raise OptionError("--as comparisons: demonstrations (--kind sft) cannot become comparisons")
+        raise OptionError(
+            f"--as comparisons: demonstrations (--kind {kind.value}) cannot become comparisons"
+        )
     default = paths.RAW_SFT if is_sft else paths.RAW_COMPARISONS
     target = import_target(out, default, force)
     imported = import_file(source, kind.value, skip_bad_rows)
@@ -98,8 +100,8 @@ def import_data(
     if preview:
         console.print(preview)
     setting = (
-        "data.source: files (and collect.labeler: rm:PATH, hf:DIR or human, as the gold judge "
-        "scores only the task suite)"
+        "data.source: files (and collect.labeler: rm:PATH, hf:DIR, check:EXTRACTOR or human, "
+        "as the gold judge scores only the task suite)"
         if is_sft
         else "collect.source: files"
     )

@@ -5,7 +5,9 @@ is one entry of `importers.IMPORTERS`, which a test checks."""
 from __future__ import annotations
 
 FORMATS: dict[str, str] = {
-    "sft": "prompt, response",
+    "sft": "prompt, response (reference optional)",
+    "gsm8k": "question, answer ending in '#### N' (N becomes the reference)",
+    "qa": "prompt (or question), answer (the reference too)",
     "pairwise": "prompt, chosen, rejected",
     "hh": "Anthropic HH-RLHF transcripts (chosen, rejected)",
     "ranked": "prompt, responses [{text, rank}]",

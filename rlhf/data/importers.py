@@ -1,6 +1,8 @@
 """Turn users' own JSONL or Parquet files into the pipeline's validated Parquet schemas.
 
-Six kinds: demonstrations (`sft`), and five shapes of preference data that all become ranked
+Eight kinds: demonstrations (`sft`), questions with one right answer (`gsm8k`, `qa`: the answer
+is the demonstration and its final answer the prompt's reference, what `check:EXTRACTOR`
+rewards), and five shapes of preference data that all become ranked
 rows (rank 0 = best, equal ranks tie) for the reward model: plain pairs, Anthropic HH-RLHF
 transcripts, the ranked lists that annotation tools export (or the pipeline's own flat
 `responses` and `ranks`), UltraFeedback's scored completions, and Label Studio's export of a
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlhf.algorithms.answer_check import GSM8K_MARK, after_gsm8k_mark
 from rlhf.atomic import write_text
 from rlhf.data.rows import RowError, check_fields, check_size, check_text
 from rlhf.data.schemas import PREFERENCE_SCHEMA, RANKED_SCHEMA, SFT_SCHEMA, DataError
@@ -158,8 +162,50 @@ def _present(record: dict[str, Any], *names: str) -> dict[str, Any]:
 
 
 def _sft(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
-    """A demonstration (prompt, response); `task` defaults to "user", `source` to the file."""
-    return [{**_present(record, "prompt", "response"), **_meta(record, source)}]
+    """A demonstration (prompt, response, and a `reference` answer where it has one); `task`
+    defaults to "user", `source` to the file."""
+    return [{**_present(record, "prompt", "response", "reference"), **_meta(record, source)}]
+
+
+CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")  # GSM8K's `<<48/2=24>>` calculator annotations
+
+
+def _gsm8k(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """A GSM8K row: a `question`, and an `answer` that reasons and ends with `#### N`. The
+    answer, its calculator annotations removed, is the demonstration (so SFT learns to end with
+    `#### N`); N is the reference."""
+    question, answer = check_text(record, "question"), check_text(record, "answer")
+    final = after_gsm8k_mark(answer)
+    if final is None or not final.strip():
+        raise RowError("answer", f"has no final answer after '{GSM8K_MARK}'")
+    task = record.get("task", "gsm8k")
+    return [
+        {
+            "prompt": question,
+            "response": CALCULATOR_NOTE.sub("", answer),
+            "reference": final,
+            **_meta({**record, "task": task}, source),
+        }
+    ]
+
+
+def _qa(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """A question (`prompt`, or `question`) with its short `answer`: the answer is both the
+    demonstration and the reference."""
+    if "prompt" not in record and "question" not in record:
+        raise RowError("prompt", "missing")
+    prompt = check_text(record, "prompt" if "prompt" in record else "question")
+    answer = check_text(record, "answer")
+    if not answer.strip():
+        raise RowError("answer", "is empty")
+    return [
+        {
+            "prompt": prompt,
+            "response": answer,
+            "reference": answer,
+            **_meta({**record, "task": record.get("task", "qa")}, source),
+        }
+    ]
 
 
 def _ranked_pair(pair: dict[str, Any]) -> list[dict[str, Any]]:
@@ -376,6 +422,8 @@ class Kind:
 
 IMPORTERS: dict[str, Kind] = {
     "sft": Kind(_sft, SFT_SCHEMA),
+    "gsm8k": Kind(_gsm8k, SFT_SCHEMA),
+    "qa": Kind(_qa, SFT_SCHEMA),
     "pairwise": Kind(_pairwise, RANKED_SCHEMA),
     "hh": Kind(_hh, RANKED_SCHEMA),
     "ranked": Kind(_ranked, RANKED_SCHEMA),

@@ -4,8 +4,10 @@ The importers, `prepare` on `data/raw/`, `rlhf generate --file`, `rlhf score --f
 stage's Parquet inputs check their rows here, so a row one path refuses no other lets through:
 
 - its size, as UTF-8 JSON text, is at most `MAX_ROW_BYTES`;
-- every field its schema names is present ("missing" otherwise), not null, and of its type;
-- a text the pipeline learns from (prompt, response, chosen, rejected) is not blank;
+- every field its schema names is present ("missing" otherwise), not null, and of its type,
+  but an optional one (a prompt's `reference` answer), which may be absent or null;
+- a text the pipeline learns from or checks against (prompt, response, chosen, rejected,
+  reference) is not blank;
 - a ranking holds two or more answers, one non-negative whole rank each, not all equal; an
   answer a person or a data set gave is neither blank nor the same text as another.
 
@@ -29,7 +31,9 @@ from rlhf.errors import PipelineError
 # document pasted whole, not a demonstration. Rejected, never silently truncated.
 MAX_ROW_BYTES = 1_000_000
 
-_TEXT_FIELDS = {"prompt", "response", "chosen", "rejected"}
+_TEXT_FIELDS = {"prompt", "response", "chosen", "rejected", "reference"}
+# fields a row may leave out: a prompt has a reference answer only where one answer is right
+OPTIONAL_FIELDS = {"reference"}
 _MAY_BE_EMPTY = {"gold_scores", "ranking"}  # ranking: a skipped item
 _SHOWN_CHARS = 60  # of a bad value quoted in an error, which stays one short line
 
@@ -89,8 +93,11 @@ def check_text(row: dict[str, Any], name: str) -> str:
 
 
 def check_fields(row: dict[str, Any], schema: pa.Schema) -> None:
-    """Every field of the schema present, not null, of its type; rankings well formed."""
+    """Every field of the schema present, not null, of its type (an optional one absent or
+    null, or of its type); rankings well formed."""
     for field in schema:
+        if field.name in OPTIONAL_FIELDS and row.get(field.name) is None:
+            continue
         if pa.types.is_string(field.type):
             check_text(row, field.name)
             continue

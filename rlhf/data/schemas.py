@@ -16,11 +16,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlhf.atomic import atomic_path
-from rlhf.data.rows import DataError, RowError, check_row
+from rlhf.data.rows import OPTIONAL_FIELDS, DataError, RowError, check_row
 
 _META = [pa.field("task", pa.string()), pa.field("source", pa.string())]
+# The right final answer where a prompt has one (`rlhf.algorithms.answer_check`), null where it
+# has none: what the `check:EXTRACTOR` reward and judge compare answers with.
+_REFERENCE = pa.field("reference", pa.string())
 
-SFT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), pa.field("response", pa.string()), *_META])
+SFT_SCHEMA = pa.schema(
+    [pa.field("prompt", pa.string()), pa.field("response", pa.string()), _REFERENCE, *_META]
+)
 PREFERENCE_SCHEMA = pa.schema(
     [
         pa.field("prompt", pa.string()),
@@ -37,7 +42,7 @@ RANKED_SCHEMA = pa.schema(
         *_META,
     ]
 )
-PROMPT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), *_META])
+PROMPT_SCHEMA = pa.schema([pa.field("prompt", pa.string()), _REFERENCE, *_META])
 # Ranked rows as the pipeline collects them: the gold judge's score of each response, so
 # accuracy against the clean ordering can be measured; empty for imported data (no judge).
 COMPARISON_SCHEMA = RANKED_SCHEMA.append(pa.field("gold_scores", pa.list_(pa.float64())))
@@ -61,7 +66,8 @@ def write_rows(path: str | Path, rows: Sequence[dict[str, Any]], schema: pa.Sche
 
 
 def read_rows(path: str | Path, schema: pa.Schema) -> list[dict[str, Any]]:
-    """Read and validate a Parquet file; extra columns are dropped, types are checked."""
+    """Read and validate a Parquet file; extra columns are dropped, types are checked, and an
+    optional column the file lacks (one written before it existed) is read as nulls."""
     if not Path(path).is_file():
         raise DataError(f"{path}: no such file; `dvc repro` writes it (or `rlhf import`)")
     try:
@@ -69,10 +75,13 @@ def read_rows(path: str | Path, schema: pa.Schema) -> list[dict[str, Any]]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
     for field in schema:
-        if field.name not in table.column_names:
+        optional = field.name in OPTIONAL_FIELDS
+        if field.name not in table.column_names and optional:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+        elif field.name not in table.column_names:
             raise DataError(f"{path}: field '{field.name}': column missing")
         actual = table.schema.field(field.name).type
-        if not _compatible(actual, field.type):
+        if not (_compatible(actual, field.type) or (optional and pa.types.is_null(actual))):
             raise DataError(
                 f"{path}: field '{field.name}': column has type {actual}, expected {field.type}"
             )

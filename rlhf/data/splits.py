@@ -35,9 +35,13 @@ def split_demonstrations(
         raise DataError(f"{source}: {len(prompts)} distinct prompts are too few to split")
     heldout, val = set(prompts[:n_held]), set(prompts[n_held : n_held + n_val])
     task_of = {r["prompt"]: r["task"] for r in rows}
+    reference_of = references(rows, source)
 
     def prompt_rows(selected: set[str]) -> Rows:
-        return [{"prompt": p, "task": task_of[p], "source": "files"} for p in sorted(selected)]
+        return [
+            {"prompt": p, "reference": reference_of[p], "task": task_of[p], "source": "files"}
+            for p in sorted(selected)
+        ]
 
     train = [r for r in rows if r["prompt"] not in heldout and r["prompt"] not in val]
     return {
@@ -46,6 +50,22 @@ def split_demonstrations(
         "prompts_train": prompt_rows({r["prompt"] for r in train}),
         "prompts_heldout": prompt_rows(heldout),
     }
+
+
+def references(rows: Rows, source: str) -> dict[str, str | None]:
+    """Each prompt's reference answer (None where it has none). A prompt given two different
+    references is refused, naming its rows: one of them is wrong, and a checker rewarding
+    either would teach both."""
+    found: dict[str, tuple[int, str | None]] = {}
+    for number, row in enumerate(rows, start=1):
+        reference = row.get("reference")
+        first = found.setdefault(row["prompt"], (number, reference))
+        if first[1] != reference:
+            raise DataError(
+                f"{source}: rows {first[0]} and {number} give the prompt {row['prompt'][:60]!r} "
+                f"different references ({first[1]!r} and {reference!r}); keep one"
+            )
+    return {prompt: reference for prompt, (_, reference) in found.items()}
 
 
 def split_comparisons(rows: Rows, val_fraction: float, seed: int) -> tuple[Rows, Rows]:

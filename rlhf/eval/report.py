@@ -98,6 +98,24 @@ def win_rates_table(metrics: Mapping[str, Any], judge: str) -> list[str]:
     return _table([*header, "ties", "greedy win rate"], rows)
 
 
+def checked_table(metrics: Mapping[str, Any], judge: str) -> list[str]:
+    """Per policy, the checker `judge`'s accuracy sampled (with its interval) and greedy, and
+    pass@k for each k, as Markdown lines."""
+    passes = metrics["pass_at_k"][judge]
+    rows = [
+        [
+            policy,
+            value,
+            _interval(metrics["accuracy_ci95"][judge][policy], metrics["prompts"]),
+            metrics["accuracy_greedy"][judge][policy],
+            *passes[policy].values(),
+        ]
+        for policy, value in metrics["accuracy"][judge].items()
+    ]
+    header = ["policy", "accuracy, sampled", "95% interval", "accuracy, greedy"]
+    return _table([*header, *(f"pass@{k}" for k in next(iter(passes.values())))], rows)
+
+
 def baselines_table(metrics: Mapping[str, Any]) -> list[str]:
     """Each policy against its strongest baseline by the primary judge (the one it beats
     least), with its interval, then every baseline's win rate, as Markdown lines."""
@@ -270,6 +288,13 @@ def render(
             lines += ["**Best-of-n of SFT** (held-out prompts):", "", *best_of_n_table(metrics)]
     lines += ["## Policies", ""]
     lines += policies_table(metrics)
+    for judge in metrics.get("accuracy", {}):
+        lines += [
+            f"**Answers checked by `{judge}`**, {parse(judge, JUDGES).describe()}: the share "
+            "right, and pass@k (a right answer among k of a prompt's samples):",
+            "",
+            *checked_table(metrics, judge),
+        ]
     if metrics.get("win_rate"):
         lines += [
             "## Win rates",

@@ -33,6 +33,7 @@ HEADLINE = (
     "gold_sampled", "gold_greedy", "gold_best_temperature", "rm_sampled", "kl_to_sft",
     "response_length", "end_token_rate", "win_rate", "win_rate_decisive", "tie_rate",
     "win_rate_greedy", "best_temperature", "win_rate_best_temperature", "win_rate_vs_best_of_n",
+    "accuracy", "accuracy_greedy", "pass_at_k",
 )  # fmt: skip
 
 

@@ -18,15 +18,21 @@ import yaml
 from rlhf import reward_sources
 from rlhf.errors import ParamsError
 from rlhf.params import schema
-from rlhf.params.groups import RL_ALGORITHMS, TASK_FAMILIES, ParamsFile, PolicyOptimParams
+from rlhf.params.groups import (
+    REFERENCED_TASKS,
+    RL_ALGORITHMS,
+    TASK_FAMILIES,
+    ParamsFile,
+    PolicyOptimParams,
+)
 from rlhf.reward_sources import JUDGES, LABELER, REWARD
 
 # answers one person ranks at once, each named by a letter (rlhf.labeling.ranking.LETTERS,
 # checked by a test; not imported, or every stage would depend on the labeling code)
 MAX_ANSWERS_ON_SCREEN = 26
 GOLD_FIXES = {  # what to set instead, by key, where the gold judge cannot score the prompts
-    LABELER: "set collect.labeler to rm:PATH, hf:DIR or human",
-    REWARD: "set rl.reward to rm, hf:DIR or ensemble",
+    LABELER: "set collect.labeler to rm:PATH, hf:DIR, check:EXTRACTOR or human",
+    REWARD: "set rl.reward to rm, hf:DIR, ensemble or check:EXTRACTOR",
     JUDGES: "remove it from evaluate.judges",
 }
 
@@ -52,6 +58,15 @@ class Params(ParamsFile):
             if judge.refused_off_suite:
                 found[JUDGES] = spelled
         return found
+
+    def checked(self) -> list[tuple[str, str]]:
+        """(key, value) of each setting that checks answers against references: every prompt
+        it scores must have one."""
+        found = [(REWARD, self.rl.reward)] if self.reward().needs_references else []
+        if self.collect.source == "policy" and self.labeler().needs_references:
+            found.append((LABELER, self.collect.labeler))
+        pairs = zip(self.evaluate.judges, self.judges(), strict=True)
+        return found + [(JUDGES, spelled) for spelled, judge in pairs if judge.needs_references]
 
     def reward(self) -> reward_sources.Source:
         """`rl.reward` as a reward source."""
@@ -132,6 +147,14 @@ class Params(ParamsFile):
                 f"data.tasks = {list(self.data.tasks)!r} must be a non-empty list of "
                 f"{', '.join(TASK_FAMILIES)}"
             )
+        unreferenced = [t for t in self.data.tasks if t not in REFERENCED_TASKS]
+        for key, value in self.checked():
+            if self.data.source == "synthetic" and unreferenced:
+                raise ParamsError(
+                    f"{key} names {value!r}, which checks answers against references, "
+                    f"which the tasks {', '.join(unreferenced)} of data.tasks do not have (one "
+                    f"right answer): set data.tasks to some of {', '.join(REFERENCED_TASKS)}"
+                )
 
 
 def parse_params(raw: Any, source: str = "params") -> Params:

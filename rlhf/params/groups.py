@@ -12,6 +12,8 @@ from rlhf.errors import ParamsError
 from rlhf.params.schema import MAX_SEED, spec
 
 TASK_FAMILIES = ("greet", "add", "capital", "repeat", "refuse", "uppercase")
+# the families whose prompts have one right answer, a reference (rlhf/synthetic/tasks.py)
+REFERENCED_TASKS = ("add", "capital", "repeat", "uppercase")
 # RL algorithms, each with its own params group of the same name (rlhf/algorithms/rl/registry.py)
 RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
 
@@ -208,9 +210,11 @@ class CollectParams:
         "suite's gold judge plus `label_noise`; suite prompts only); `rm:PATH`, a reward-model "
         "checkpoint of an earlier run, and `hf:DIR`, a reward model folder trained elsewhere "
         "(AI feedback: its scores ranked as they are, equal scores tied; any prompts); "
-        "`human`, people ranking in the terminal: collect writes labeling/queue.parquet and "
-        "stops until `rlhf label` has ranked every item `labels_per_item` times, their labels "
-        "in labeling/labels/. The checkpoint, folder or labels folder is a DVC dep of collect.",
+        "`check:EXTRACTOR`, the answer checker (right final answers above wrong ones, each "
+        "prompt needs a reference); `human`, people ranking in the terminal: collect writes "
+        "labeling/queue.parquet and stops until `rlhf label` has ranked every item "
+        "`labels_per_item` times, their labels in labeling/labels/. The checkpoint, folder or "
+        "labels folder is a DVC dep of collect.",
     )
     labels_per_item: int = spec(
         1,
@@ -292,15 +296,34 @@ class RLParams:
         "one-label *ForSequenceClassification folder scoring through its own tokenizer, its raw "
         "score as the reward (GPT-2, Llama, Qwen natively; other families such as DeBERTa-v3 "
         "through transformers, the `[hf]` extra); `ensemble`: the reward model plus the "
-        "checkpoints in `ensemble`, combined by `ensemble_reduce` (min resists reward hacking).",
+        "checkpoints in `ensemble`, combined by `ensemble_reduce` (min resists reward hacking); "
+        "`check:EXTRACTOR`: 1 where the answer's final answer (`last_number`, GSM8K's `gsm8k` "
+        "`#### N`, MATH's `boxed`) is the prompt's reference, else 0 (every prompt needs one).",
     )
     ensemble: tuple[str, ...] = spec((), "Extra reward-model checkpoints for `reward: ensemble`.")
     ensemble_reduce: Literal["mean", "min"] = spec("min", "How ensemble scores combine.")
+    format_reward: float = spec(
+        0.0,
+        "`reward: check:EXTRACTOR`: the reward of a wrong final answer the extractor found (the "
+        "answer kept the format); a right one gets 1, one without a final answer 0.",
+        ge=0.0,
+        le=1.0,
+    )
     missing_eos_penalty: float = spec(
         1.0, "Subtracted from the score of a response that never emitted the end token.", ge=0.0
     )
     length_penalty: float = spec(0.0, "Subtracted from the score per response token.", ge=0.0)
     reward_clip: float = spec(5.0, "Scores are clipped to [-reward_clip, reward_clip].", gt=0.0)
+    overlong_buffer: int = spec(
+        0,
+        "DAPO's overlong shaping: an answer within this many tokens of max_new_tokens loses "
+        "up to `overlong_penalty`, linearly in how far into the buffer it runs (an answer "
+        "max_new_tokens long loses all of it); 0 turns it off.",
+        ge=0,
+    )
+    overlong_penalty: float = spec(
+        1.0, "The most `overlong_buffer` subtracts from an answer's score.", ge=0.0
+    )
     temperature: float = spec(1.0, "Rollout sampling temperature.", gt=0.0)
     top_k: int = spec(0, "Rollout top-k; 0 keeps every token.", ge=0)
     top_p: float = spec(1.0, "Rollout nucleus mass.", gt=0.0, le=1.0)
@@ -371,6 +394,14 @@ class PolicyOptimParams:
     )
     kl_horizon: int = spec(10_000, "Adaptive KL horizon in samples (Ziegler et al.).", ge=1)
     entropy_coef: float = spec(0.0, "Entropy bonus weight.", ge=0.0)
+    loss_aggregation: Literal["token_mean", "answer_mean", "fixed_length"] = spec(
+        "token_mean",
+        "How the per-token losses of a minibatch add up: `token_mean`, the mean over all its "
+        "answer tokens (DAPO's token-level loss: a long answer weighs as much per token as a "
+        "short one); `answer_mean`, each answer's token mean, then the mean over answers (the "
+        "GRPO paper's; a long answer's tokens count less); `fixed_length`, each answer's token "
+        "sum over rl.max_new_tokens, then the mean over answers (Dr. GRPO: no length bias).",
+    )
     ptx_coef: float = spec(
         0.0, "PPO-ptx: weight of the SFT language-model loss mixed into each update.", ge=0.0
     )
@@ -398,6 +429,18 @@ class ClipParams(PolicyOptimParams):
 
     update_epochs: int = spec(4, "Passes over each rollout batch.", ge=1)
     cliprange: float = spec(0.2, "Clip of the ratio pi / pi_rollout.", gt=0.0)
+    cliprange_high: float = spec(
+        0.0,
+        "The upper clip of the ratio where it differs from `cliprange` (DAPO's clip-higher, "
+        "0.28 with cliprange 0.2: room for unlikely tokens to gain); 0 clips symmetrically.",
+        ge=0.0,
+    )
+    importance_ratio: Literal["token", "sequence"] = spec(
+        "token",
+        "`token`: each token's own ratio pi / pi_rollout (PPO, GRPO); `sequence`: every token "
+        "of an answer takes the answer's ratio, the geometric mean of its tokens' (GSPO, "
+        "Zheng et al. 2025, which clips it far tighter: cliprange 3e-4, cliprange_high 4e-4).",
+    )
     target_approx_kl: float = spec(
         0.0,
         "Stop an iteration's passes once the mean approx-KL of the last pass exceeds this; "
@@ -441,6 +484,12 @@ class GRPOParams(ClipParams):
     group_size: int = spec(4, "Answers sampled per prompt; normalizing needs two.", ge=2)
     update_epochs: int = spec(2, "Passes over each rollout batch.", ge=1)
     kl_coef: float = spec(0.05, "Weight beta of the KL loss term.", ge=0.0)
+    std_normalize: bool = spec(
+        True,
+        "Divide each answer's advantage by its group's standard deviation (GRPO); false "
+        "leaves it the score minus the group mean (Dr. GRPO: the std favours groups of "
+        "nearly equal scores, too easy or too hard).",
+    )
 
 
 @dataclass(frozen=True)
@@ -453,7 +502,9 @@ class EvaluateParams:
         "`gold`, the task suite's programmatic judge (skipped on prompts from outside the "
         "suite); `rm`, the trained reward model (any prompts, but the proxy the RL policies "
         "optimized, so it flatters them); `hf:DIR`, a reward model trained elsewhere; "
-        "`rule:NAME`, a reward function in rlhf/algorithms/rules.py. Pairwise judges compare "
+        "`rule:NAME`, a reward function in rlhf/algorithms/rules.py; `check:EXTRACTOR`, the "
+        "answer checker against each prompt's reference (accuracy and pass@k besides its win "
+        "rates). Pairwise judges compare "
         "two policies' answers to a prompt: `pairwise:rm`, the trained reward model shown both "
         "(its Bradley-Terry preference; the same numbers as `rm`, through the pairwise path), "
         "and `pairwise:rule:NAME`, a pairwise rule (`pairwise:rule:shorter`: the shorter "

@@ -45,7 +45,11 @@ from rlhf.stages.support.common import file_digest, progress
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
-from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
+from rlhf.stages.support.scoring import (
+    prompt_references,
+    require_sources_tracked,
+    scoring_context,
+)
 from rlhf.synthetic.collection import (
     BatchScore,
     candidates,
@@ -76,12 +80,16 @@ class LabelsWaiting(PipelineError):
 
 
 def labeler_score(stage: StageRun) -> BatchScore:
-    """`collect.labeler` as a batched score: the gold judge, or a reward model's score."""
+    """`collect.labeler` as a batched score: the gold judge, a reward model's score, or the
+    answer checker's (1 for a right final answer, so right answers rank above wrong ones)."""
     labeler = stage.params.labeler()
     if labeler.needs_suite:
         return gold_scores
     require_sources_tracked(stage, [labeler], LABELER)
-    scorer = build(labeler, scoring_context(stage))
+    checks = [(key, value) for key, value in stage.params.checked() if key == LABELER]
+    prompts = read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)
+    references = prompt_references({paths.PROMPTS_TRAIN: prompts}, checks)
+    scorer = build(labeler, scoring_context(stage, references=references))
     return lambda prompts, answers: scorer(prompts, answers).tolist()
 
 
@@ -118,6 +126,13 @@ def sampled_comparisons(stage: StageRun) -> tuple[list, list, dict[str, Any]]:
     train, val, labeling = comparisons_from_samples(
         rows, stage.params.collect, stage.params.seed, score
     )
+    if not train or not val:
+        raise DataError(
+            f"collect.labeler {stage.params.collect.labeler!r} told no "
+            f"{'held-out' if train else 'training'} prompt's answers apart: it scored each "
+            "prompt's answers alike; sample more varied answers (collect.k, "
+            "collect.temperature) or import prompts the policy answers right only sometimes"
+        )
     write_timings("collect", speed)
     return train, val, {mean_key: round(sum(all_scores) / len(all_scores), 4), **labeling}
 

@@ -33,6 +33,7 @@ from rlhf.eval import report
 from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.baselines import baseline_metrics, best_temperature, primary_judge
 from rlhf.eval.best_of_n import best_of_n
+from rlhf.eval.checked import checked_metrics
 from rlhf.eval.gold import has_judge
 from rlhf.eval.metric_keys import evaluated_policies
 from rlhf.eval.policies import score_policy
@@ -42,13 +43,24 @@ from rlhf.models.backbone import freeze
 from rlhf.params import ParamsError
 from rlhf.project import paths
 from rlhf.project.specs import StageSpec
-from rlhf.reward_sources import GOLD, JUDGES, REWARD_MODEL, applicable, parse
+from rlhf.reward_sources import (
+    CHECK_EXTRACTORS,
+    GOLD,
+    JUDGES,
+    REWARD_MODEL,
+    applicable,
+    parse,
+)
 from rlhf.sampling.sampler import SamplingConfig
 from rlhf.stages.support.common import console, progress
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics
-from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
+from rlhf.stages.support.scoring import (
+    prompt_references,
+    require_sources_tracked,
+    scoring_context,
+)
 from rlhf.synthetic.tasks import gold_score
 from rlhf.train.curves import read_curve
 
@@ -82,6 +94,8 @@ SPEC = StageSpec(
         "gold": "gold_sampled.{policy}",
         "gold_greedy": "gold_greedy.{policy}",
         "kl": "kl_to_sft.{policy}",
+        # a checker judge's share of right answers (the first checker of evaluate.judges)
+        "acc": "accuracy." + "|".join(f"check:{e}" for e in CHECK_EXTRACTORS) + ".{policy}",
     },
     details=paths.details_file("eval"),
     plots=(paths.EVAL_CURVE,),
@@ -193,6 +207,18 @@ def unique_prompts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(first.values())
 
 
+def validation_and_references(
+    stage: StageRun, heldout: Sequence[dict[str, Any]], judges: Sequence[str]
+) -> tuple[list[dict[str, Any]], dict[str, str | None]]:
+    """The validation prompts (SFT's validation demonstrations', each once), and every
+    evaluation prompt's reference answer; refused before anything loads where a checker among
+    `judges` lacks one (`prompt_references`)."""
+    demonstrations = read_rows(paths.SFT_VAL, SFT_SCHEMA)
+    checks = [(k, v) for k, v in stage.params.checked() if k == JUDGES and v in judges]
+    files = {paths.PROMPTS_HELDOUT: heldout, paths.SFT_VAL: demonstrations}
+    return unique_prompts(demonstrations), prompt_references(files, checks)
+
+
 def usable_judges(stage: StageRun, synthetic: bool) -> list[str]:
     """The judges of evaluate.judges that can judge these prompts (`gold` only on the task
     suite's); refused before anything loads: the gold rule off the task suite, and a reward
@@ -232,6 +258,7 @@ def scorers(
     stage: StageRun,
     sft: Backbone,
     heldout: Sequence[dict[str, Any]],
+    validation: Sequence[dict[str, Any]],
     reward_model: Scorer,
     single: dict[str, Scorer],
 ) -> tuple[Callable[..., ScoredAnswers], Callable[..., ScoredAnswers]]:
@@ -239,7 +266,6 @@ def scorers(
     validation demonstrations', each once), every answer measured the same way: KL to SFT,
     reward, the gold judge on the task suite's prompts (prepare splits one source into both
     sets) and the other single-answer judges."""
-    validation = unique_prompts(read_rows(paths.SFT_VAL, SFT_SCHEMA))
     judge = gold_score if has_judge(heldout) else None
     score = functools.partial(
         score_policy, tokenizer=stage.tokenizer, reference=sft, scorer=reward_model, judge=judge,
@@ -260,16 +286,17 @@ def run() -> dict[str, float]:
     prompts, tasks = [r["prompt"] for r in heldout], [r["task"] for r in heldout]
     synthetic = has_judge(heldout)
     judges = usable_judges(stage, synthetic)
+    validation, references = validation_and_references(stage, heldout, judges)
     # the policy under evaluation, SFT as the KL reference, the reward model and any reward
     # model folders among the judges (counted at the policy's size), at once
     folders = sum(parse(judge, JUDGES).path is not None for judge in judges)
     workload = stage.workload(trained=0, frozen=3 + folders, sampled=cfg.batch_size)
     stage.preflight(paths.SFT_MODEL, workload)
     sft = stage.load_frozen(paths.SFT_MODEL)
-    context = scoring_context(stage)
+    context = scoring_context(stage, references=references)
     single, pairwise = other_judges(judges, context)
     heldout_answers, validation_answers = scorers(
-        stage, sft, heldout, context.reward_model(), single
+        stage, sft, heldout, validation, context.reward_model(), single
     )
     names = evaluated_policies(p.rl_algorithms)
     found = evaluate_all(stage, heldout_answers, validation_answers, names, primary_judge(judges))
@@ -285,6 +312,7 @@ def run() -> dict[str, float]:
         "temperature": cfg.temperature,
         **summarize(answers, rates, greedy_rates),
         **baseline_metrics(answers, found.sweep, bon, primary_judge(judges), judged),
+        **checked_metrics(answers, judges, cfg.bootstrap_resamples, p.seed),
     }
     losses = {
         title: (read_curve(folder, "train_loss"), read_curve(folder, "epoch/val_loss"))

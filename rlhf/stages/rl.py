@@ -46,7 +46,11 @@ from rlhf.reward_sources import REWARD
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
-from rlhf.stages.support.scoring import require_sources_tracked, scoring_context
+from rlhf.stages.support.scoring import (
+    prompt_references,
+    require_sources_tracked,
+    scoring_context,
+)
 from rlhf.stages.support.trained import finish, reporting, stage_curves
 from rlhf.tokenizer.chat import encode_example
 from rlhf.train.device import compile_report
@@ -89,6 +93,15 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     trained = 1 + separate_critic  # the policy, and a critic of its own
     reward = p.reward()
     require_sources_tracked(stage, [reward], REWARD)
+    prompts = read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)
+    # the held-out prompts too: the trained policy's reward is measured on them (`run`)
+    references = prompt_references(
+        {
+            paths.PROMPTS_TRAIN: prompts,
+            paths.PROMPTS_HELDOUT: read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA),
+        },
+        [(key, value) for key, value in p.checked() if key == REWARD],
+    )
     rewarded = reward.kind.reads == "reward_model"  # a reward model held beside them
     lora = p.rl.lora_rank > 0  # then adapters train, and the policy is its own reference
     # full-context rows one forward and backward pass of the update holds (`microbatches`)
@@ -110,7 +123,10 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         for model in (policy, critic):
             if model is not None:
                 add_adapters(model, p.rl.lora_rank, p.rl.lora_alpha)
-    scorer = build(reward, scoring_context(stage, p.rl.ensemble, p.rl.ensemble_reduce))
+    context = scoring_context(
+        stage, p.rl.ensemble, p.rl.ensemble_reduce, references, p.rl.format_reward
+    )
+    scorer = build(reward, context)
     for model in backbones(scorer):
         stage.compiled(model)
     demos = read_rows(paths.SFT_TRAIN, SFT_SCHEMA) if cfg.ptx_coef > 0 else []
@@ -124,7 +140,7 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         critic=critic,
         scorer=scorer,
         tokenizer=tokenizer,
-        prompts=[r["prompt"] for r in read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)],
+        prompts=[r["prompt"] for r in prompts],
         seed=p.seed,
         ptx_examples=[encode_example(tokenizer, d["prompt"], d["response"], block) for d in demos],
         world=stage.world,

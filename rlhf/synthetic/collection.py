@@ -190,4 +190,9 @@ def comparisons_from_samples(
     scored(train, score)
     if score is gold_scores:
         return train, val, label(train + val, sampled, c, seed)
-    return train, val, label_by_score(train + val)
+    stats = label_by_score(train + val)
+    ranked = [[r for r in rows if len(set(r["ranks"])) > 1] for rows in (train, val)]
+    # a labeler that scores every answer to a prompt alike (an answer checker where all are
+    # right, or all wrong) states no preference there: the prompt gives no comparison
+    stats["prompts_all_tied"] = len(train) + len(val) - sum(map(len, ranked))
+    return ranked[0], ranked[1], stats

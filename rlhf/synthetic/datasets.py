@@ -26,6 +26,7 @@ def synthetic_sets(data: DataParams, seed: int) -> dict[str, Rows]:
             {
                 "prompt": d.prompt,
                 "response": d.response,
+                "reference": tasks.reference_answer(d.prompt),
                 "task": d.task,
                 "source": f"synthetic/{d.flaw or 'ideal'}",
             }
@@ -33,7 +34,15 @@ def synthetic_sets(data: DataParams, seed: int) -> dict[str, Rows]:
         ]
 
     def prompt_rows(picks: list[tuple[str, str]]) -> Rows:
-        return [{"prompt": p, "task": task, "source": "synthetic"} for task, p in picks]
+        return [
+            {
+                "prompt": p,
+                "reference": tasks.reference_answer(p),
+                "task": task,
+                "source": "synthetic",
+            }
+            for task, p in picks
+        ]
 
     return {
         "train": demo_rows(split.train, data.n_train),

@@ -67,6 +67,8 @@ class TaskFamily:
     ideal: Callable[[Spec], str]
     flaws: tuple[Callable[[Spec, random.Random], str], ...]
     score: Callable[[Spec, str], float]
+    # the one right final answer, for tasks that have one: what `check:EXTRACTOR` compares with
+    reference: Callable[[Spec], str] | None = None
 
     def prompts(self) -> list[str]:
         return [t.format(**s) for t in self.templates for s in self.slots()]
@@ -265,6 +267,7 @@ ADD = TaskFamily(
         lambda s, rng: f"{s['a']} + {s['b']} = {_product_not_sum(int(s['a']), int(s['b']))}.",
     ),
     score=_add_score,
+    reference=lambda s: str(int(str(s["a"])) + int(str(s["b"]))),
 )
 
 
@@ -315,6 +318,7 @@ CAPITAL = TaskFamily(
         lambda s, rng: f"{s['country']} is a country with a capital city.",
     ),
     score=_capital_score,
+    reference=lambda s: CAPITALS[str(s["country"])],
 )
 
 
@@ -347,6 +351,7 @@ REPEAT = TaskFamily(
         lambda s, rng: _ramble(" ".join([str(s["word"])] * int(str(s["n"]))), rng),
     ),
     score=_repeat_score,
+    reference=lambda s: " ".join([str(s["word"])] * int(str(s["n"]))),
 )
 
 
@@ -414,6 +419,7 @@ UPPERCASE = TaskFamily(
         lambda s, rng: str(s["word"]).capitalize(),
     ),
     score=_uppercase_score,
+    reference=lambda s: str(s["word"]).upper(),
 )
 
 FAMILIES: dict[str, TaskFamily] = {
@@ -428,6 +434,15 @@ def family_of(prompt: str) -> tuple[TaskFamily, Spec] | None:
         if spec is not None:
             return family, spec
     return None
+
+
+def reference_answer(prompt: str) -> str | None:
+    """The prompt's one right final answer, None where its task has none (greet, refuse)."""
+    found = family_of(prompt)
+    if found is None:
+        raise ValueError(f"prompt is not from the task suite: {prompt!r}")
+    family, spec = found
+    return None if family.reference is None else family.reference(spec)
 
 
 def gold_score(prompt: str, response: str) -> float:

@@ -197,4 +197,4 @@ def test_import_says_how_many_held_out_prompts_the_data_will_give(tmp_path, monk
         "warning: 58 distinct prompts: prepare will hold out 28 for evaluation, fewer than 32"
         in result.output
     )
-    assert "collect.labeler: rm:PATH, hf:DIR or human" in result.output
+    assert "collect.labeler: rm:PATH, hf:DIR, check:EXTRACTOR or human" in result.output

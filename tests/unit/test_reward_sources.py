@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from rlhf import reward_sources
+from rlhf.algorithms.answer_check import EXTRACTORS
 from rlhf.algorithms.rules import PAIR_RULES, RULES, shorter
-from rlhf.algorithms.scorers import BUILDERS, PairRuleJudge, PreferenceJudge
+from rlhf.algorithms.scorers import BUILDERS, CheckScorer, PairRuleJudge, PreferenceJudge
 from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.summary import win_rates
 from rlhf.eval.win_rates import compare_outcomes
@@ -19,6 +20,33 @@ def test_every_kind_but_the_gold_judge_and_people_has_a_builder():
     assert set(BUILDERS) == set(KINDS) - {"gold", "human"}
     assert tuple(RULES) == reward_sources.RULES
     assert tuple(PAIR_RULES) == reward_sources.PAIR_RULES
+    assert tuple(EXTRACTORS) == reward_sources.CHECK_EXTRACTORS
+
+
+def test_the_checker_scores_each_answer_against_its_prompts_reference():
+    references = {"Compute 6 + 7.": "13", "Half of 3?": "1.5", "Greet Bob.": None}
+    checker = CheckScorer(references, "last_number", format_reward=0.1)
+    scores = checker(
+        ["Compute 6 + 7.", "Compute 6 + 7.", "Compute 6 + 7.", "Half of 3?"],
+        ["6 + 7 = 13.", "6 + 7 = 12.", "thirteen", "It is 1.50"],
+    )
+    assert scores.tolist() == pytest.approx([1.0, 0.1, 0.0, 1.0])  # right, format kept, none
+    with pytest.raises(ValueError, match=r"no reference answer to check against for 'Greet Bob\.'"):
+        checker(["Greet Bob."], ["Hello, Bob!"])
+
+
+def test_a_checker_on_tasks_without_one_right_answer_is_refused_by_params():
+    """Greetings and refusals have no reference: a checker there would score every answer 0."""
+    with pytest.raises(ParamsError, match=r"rl.reward names 'check:last_number'.*greet, refuse"):
+        parse_params({"rl": {"reward": "check:last_number"}})
+    with pytest.raises(ParamsError, match=r"evaluate.judges names 'check:gsm8k'.*data.tasks"):
+        parse_params({"evaluate": {"judges": ["gold", "check:gsm8k"]}})
+    fine = parse_params({"rl": {"reward": "check:last_number"}, "data": {"tasks": ["add"]}})
+    assert fine.checked() == [(REWARD, "check:last_number")]
+    own_data = {"source": "files"}  # whose prompts the stages check (`prompt_references`)
+    judged = {"data": own_data, "collect": {"labeler": "human"}, "evaluate": {"judges": ["rm"]}}
+    judged["evaluate"]["judges"].append("check:boxed")
+    assert parse_params(judged).checked() == [(JUDGES, "check:boxed")]
 
 
 @pytest.mark.parametrize(
@@ -33,6 +61,8 @@ def test_every_kind_but_the_gold_judge_and_people_has_a_builder():
         ("human", LABELER, "human", None),
         ("pairwise:rm", JUDGES, "pairwise_rm", None),
         ("pairwise: rule: shorter", JUDGES, "pairwise_rule", "shorter"),
+        ("check: gsm8k", REWARD, "check", "gsm8k"),
+        ("check:boxed", JUDGES, "check", "boxed"),
     ],
 )
 def test_values_are_read_as_their_kind(value, key, kind, argument):
@@ -43,10 +73,16 @@ def test_values_are_read_as_their_kind(value, key, kind, argument):
 @pytest.mark.parametrize(
     ("value", "key", "message"),
     [
-        ("gold", REWARD, "rl.reward = 'gold' is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"),
-        ("pairwise:rm", REWARD, "is not 'rm', 'hf:DIR', 'ensemble' or 'rule:NAME'"),
-        (" rm", JUDGES, "is not 'gold', 'rm', 'hf:DIR', 'rule:NAME', 'pairwise:rm' or 'pairwise:"),
-        ("hf:", LABELER, "collect.labeler = 'hf:' is not 'gold', 'human', 'rm:PATH' or 'hf:DIR'"),
+        ("gold", REWARD, "rl.reward = 'gold' is not 'rm', 'hf:DIR', 'ensemble', 'rule:NAME' or "
+         "'check:EXTRACTOR'"),
+        ("pairwise:rm", REWARD, "is not 'rm', 'hf:DIR', 'ensemble', 'rule:NAME' or "
+         "'check:EXTRACTOR'"),
+        (" rm", JUDGES, "is not 'gold', 'rm', 'hf:DIR', 'rule:NAME', 'check:EXTRACTOR', "
+         "'pairwise:rm' or 'pairwise:"),
+        ("check:regex", REWARD, "names no extractor; the extractors are 'check:last_number', "
+         "'check:gsm8k', 'check:boxed'"),
+        ("hf:", LABELER, "collect.labeler = 'hf:' is not 'gold', 'human', 'rm:PATH', 'hf:DIR' or "
+         "'check:EXTRACTOR'"),
         ("gold:x", JUDGES, "evaluate.judges: 'gold:x' is not 'gold'"),
         ("pairwise:rule:longer", JUDGES, "names no pairwise rule; the pairwise rules are "
          "'pairwise:rule:shorter'"),

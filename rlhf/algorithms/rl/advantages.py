@@ -14,7 +14,15 @@ import torch
 from torch import Tensor
 
 from rlhf.algorithms.rl.losses import whiten
-from rlhf.params.groups import PolicyOptimParams, PPOParams
+from rlhf.params.groups import GRPOParams, PolicyOptimParams, PPOParams
+
+
+def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: int, penalty: float) -> Tensor:
+    """DAPO's overlong shaping [B] (buffer > 0): 0 for an answer shorter than max_new_tokens
+    - buffer, then rising linearly to `penalty` at max_new_tokens: a cut answer is penalized
+    without the noise of scoring its truncation as if it were finished."""
+    into = (lengths.float() - (max_new_tokens - buffer)) / buffer
+    return penalty * into.clamp(0.0, 1.0)
 
 
 def token_rewards(scores: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:
@@ -89,8 +97,10 @@ def grpo_advantages(
 ) -> tuple[Tensor, Tensor | None]:
     """GRPO: each answer's score standardized within its prompt's group (mean and unbiased
     std of the group), on every token of the answer; a group whose answers all score the same
-    gives no signal."""
+    gives no signal. Without `std_normalize` (Dr. GRPO), only the group mean is taken off."""
+    assert isinstance(cfg, GRPOParams)
     returns = _group_returns(rewards, mask, cfg.group_size)  # [G, k]
-    mean, std = returns.mean(-1, keepdim=True), returns.std(-1, keepdim=True)
-    normalized = (returns - mean) / (std + GROUP_STD_EPS)
-    return torch.where(mask, normalized.reshape(-1, 1), 0.0), None
+    centered = returns - returns.mean(-1, keepdim=True)
+    if cfg.std_normalize:
+        centered = centered / (returns.std(-1, keepdim=True) + GROUP_STD_EPS)
+    return torch.where(mask, centered.reshape(-1, 1), 0.0), None

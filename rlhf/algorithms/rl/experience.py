@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlhf.algorithms.rl.advantages import token_rewards
+from rlhf.algorithms.rl.advantages import overlong_penalty, token_rewards
 from rlhf.algorithms.rl.kl import kl_per_token
 from rlhf.algorithms.rl.losses import explained_variance
 from rlhf.algorithms.rl.microbatches import Forwarded, cut, forwarded
@@ -133,6 +133,11 @@ class ExperienceMaker:
         mask = rollout.response_mask
         rewards = scores - shared.missing_eos_penalty * (~rollout.ended).float()
         rewards = rewards - shared.length_penalty * rollout.lengths.float()
+        if shared.overlong_buffer:
+            rewards = rewards - overlong_penalty(
+                rollout.lengths, shared.max_new_tokens, shared.overlong_buffer,
+                shared.overlong_penalty,
+            )  # fmt: skip
         rewards = rewards.clamp(-shared.reward_clip, shared.reward_clip)
         in_reward = beta if self.algorithm.kl_penalty == "reward" else 0.0
         kl = kl_per_token(policy_logprobs, ref_logprobs)  # k1, as the penalty always was

@@ -26,6 +26,38 @@ def masked_var(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, (x - mean) ** 2, 0.0).sum() / (mask.sum() - 1).clamp(min=1)
 
 
+def token_weights(mask: Tensor, aggregation: str, max_new_tokens: int) -> Tensor | None:
+    """How much each response token [B, N] of these rows counts in their loss, the rows being
+    answers of equal weight (`loss_aggregation`): None for the token mean (`masked_mean`, every
+    token alike, the rows weighed by their tokens); `answer_mean`, 1 / (the answer's length *
+    rows); `fixed_length`, 1 / (max_new_tokens * rows), Dr. GRPO's constant normalizer."""
+    if aggregation == "token_mean":
+        return None
+    rows = mask.shape[0]
+    if aggregation == "answer_mean":
+        return mask / (mask.sum(-1, keepdim=True).clamp(min=1) * rows)
+    if aggregation == "fixed_length":
+        return mask / (max_new_tokens * rows)
+    raise ValueError(f"no loss aggregation {aggregation!r}")
+
+
+def aggregate(x: Tensor, mask: Tensor, weights: Tensor | None) -> Tensor:
+    """x [B, N] over the masked tokens: their mean (weights None), else their weighted sum."""
+    if weights is None:
+        return masked_mean(x, mask)
+    return torch.where(mask, x * weights, 0.0).sum()
+
+
+def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's ratio on every token [B, N]: in value, the answer's mean log-ratio (the log of
+    its geometric-mean ratio); in gradient, the token's own log-prob, so that the answer's
+    tokens together carry the gradient of the answer's ratio."""
+    row_mean = torch.where(mask, logprobs - old_logprobs, 0.0).sum(-1, keepdim=True) / mask.sum(
+        -1, keepdim=True
+    ).clamp(min=1)  # [B, 1]
+    return row_mean.detach() + logprobs - logprobs.detach()
+
+
 def whiten(x: Tensor, mask: Tensor) -> Tensor:
     """Zero mean, unit variance over the masked entries; masked-out entries become 0."""
     mean, var = masked_mean(x, mask), masked_var(x, mask)
@@ -47,28 +79,46 @@ def _approx_kl(log_ratio: Tensor, mask: Tensor) -> Tensor:
 
 
 def clipped_policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip: float
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip: float,
+    *,
+    clip_high: float | None = None,
+    sequence_ratio: bool = False,
+    weights: Tensor | None = None,
 ) -> PolicyLoss:
-    """PPO's clipped surrogate as a masked token mean."""
+    """PPO's clipped surrogate over the masked tokens (`aggregate` with `weights`): the ratio
+    clipped to [1 - clip, 1 + clip_high] (clip_high None: clip), each token's own ratio or,
+    with `sequence_ratio`, its answer's (GSPO)."""
     log_ratio = logprobs - old_logprobs
+    if sequence_ratio:
+        log_ratio = sequence_log_ratio(logprobs, old_logprobs, mask)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    high = clip if clip_high is None else clip_high
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + high)
     with torch.no_grad():
         clip_fraction = masked_mean((clipped > unclipped).float(), mask)
     return PolicyLoss(
-        masked_mean(torch.maximum(unclipped, clipped), mask),
+        aggregate(torch.maximum(unclipped, clipped), mask, weights),
         clip_fraction,
-        _approx_kl(log_ratio, mask),
+        _approx_kl(logprobs - old_logprobs, mask),
     )
 
 
 def policy_gradient_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    weights: Tensor | None = None,
 ) -> PolicyLoss:
-    """The policy-gradient loss -A log pi as a masked token mean: no ratio, no clipping."""
+    """The policy-gradient loss -A log pi over the masked tokens (`aggregate` with
+    `weights`): no ratio, no clipping."""
     return PolicyLoss(
-        masked_mean(-advantages * logprobs, mask),
+        aggregate(-advantages * logprobs, mask, weights),
         torch.zeros((), device=mask.device),
         _approx_kl(logprobs - old_logprobs, mask),
     )

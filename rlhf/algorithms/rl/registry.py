@@ -33,21 +33,39 @@ from rlhf.params.groups import (
 AdvantageEstimator = Callable[
     [Tensor, Tensor | None, Tensor, PolicyOptimParams], tuple[Tensor, Tensor | None]
 ]
-# (logprobs, rollout logprobs, advantages, mask, params), all [B, N] -> the loss and its stats
-PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyOptimParams], PolicyLoss]
+# (logprobs, rollout logprobs, advantages, mask, token weights or None (`token_weights`),
+# params), all [B, N] -> the loss and its stats
+PolicyLossFn = Callable[
+    [Tensor, Tensor, Tensor, Tensor, Tensor | None, PolicyOptimParams], PolicyLoss
+]
 
 
 def clipped_surrogate(
-    logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyOptimParams
+    logprobs: Tensor,
+    old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    weights: Tensor | None,
+    cfg: PolicyOptimParams,
 ) -> PolicyLoss:
     assert isinstance(cfg, ClipParams)
-    return clipped_policy_loss(logprobs, old, advantages, mask, cfg.cliprange)
+    return clipped_policy_loss(
+        logprobs, old, advantages, mask, cfg.cliprange,
+        clip_high=cfg.cliprange_high or None,
+        sequence_ratio=cfg.importance_ratio == "sequence",
+        weights=weights,
+    )  # fmt: skip
 
 
 def policy_gradient(
-    logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyOptimParams
+    logprobs: Tensor,
+    old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    weights: Tensor | None,
+    cfg: PolicyOptimParams,
 ) -> PolicyLoss:
-    return policy_gradient_loss(logprobs, old, advantages, mask)
+    return policy_gradient_loss(logprobs, old, advantages, mask, weights)
 
 
 @dataclass(frozen=True)

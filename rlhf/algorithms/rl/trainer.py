@@ -24,7 +24,7 @@ from torch import Tensor
 
 from rlhf.algorithms.rl.experience import Experience, ExperienceMaker
 from rlhf.algorithms.rl.kl import KLController, kl_per_token
-from rlhf.algorithms.rl.losses import clipped_value_loss, masked_mean
+from rlhf.algorithms.rl.losses import aggregate, clipped_value_loss, token_weights
 from rlhf.algorithms.rl.microbatches import Forwarded, forwarded, microbatches
 from rlhf.algorithms.rl.registry import Algorithm
 from rlhf.algorithms.scorers import Scorer
@@ -170,11 +170,12 @@ class RLTrainer:
     def _minibatch_loss(
         self, exp: Experience, part: Forwarded, weight: float, record: Recorder, with_ptx: bool
     ) -> Tensor:
-        """This rank's part of the policy's loss on a minibatch, under autocast: the mean over
-        `rows`' response tokens times `weight`, their share of the minibatch's tokens, and
-        the number of ranks, so that the parts added up over microbatches and averaged over
-        ranks (DDP, FSDP2) are the minibatch's loss; `with_ptx`: the pretraining mix, which
-        one microbatch of each minibatch adds."""
+        """This rank's part of the policy's loss on a minibatch, under autocast: the loss over
+        `rows`' response tokens as `loss_aggregation` adds them up (their mean, or their
+        answers' mean) times `weight`, their share of the minibatch's tokens (or answers),
+        and the number of ranks, so that the parts added up over microbatches and averaged
+        over ranks (DDP, FSDP2) are the minibatch's loss; `with_ptx`: the pretraining mix,
+        which one microbatch of each minibatch adds."""
         cfg, rollout, rows = self.cfg, exp.rollout, part.rows
         mask = rollout.response_mask[rows]
         out = response_forward(
@@ -186,15 +187,16 @@ class RLTrainer:
             part.packing,
             entropy_grad=cfg.entropy_coef > 0,
         )
+        weights = token_weights(mask, cfg.loss_aggregation, self.shared.max_new_tokens)
         policy = self.algorithm.policy_loss(
-            out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask, cfg
+            out.logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask, weights, cfg
         )
         # at weight 0 the entropy is only logged: no backward pass through it
         assert out.entropy is not None
-        mean_entropy = masked_mean(out.entropy, mask)
+        mean_entropy = aggregate(out.entropy, mask, weights)
         loss = policy.loss - cfg.entropy_coef * mean_entropy
         if self.algorithm.kl_penalty == "loss":
-            kl = masked_mean(kl_per_token(out.logprobs, exp.ref_logprobs[rows], "k3"), mask)
+            kl = aggregate(kl_per_token(out.logprobs, exp.ref_logprobs[rows], "k3"), mask, weights)
             loss = loss + self.kl_ctl.beta * kl
             record(weight, kl_loss=kl)
         if self.shared_critic:
@@ -287,6 +289,8 @@ class RLTrainer:
         rollout, batch = exp.rollout, exp.rollout.sequences.shape[0]
         lengths = rollout.attention_mask.sum(-1).tolist()  # the tokens each row forwards
         answered = rollout.response_mask.sum(-1).tolist()  # the tokens each row's loss counts
+        # what a row weighs in a minibatch's loss: its tokens, or one answer's worth
+        units = answered if cfg.loss_aggregation == "token_mean" else [1] * batch
         starts = range(0, batch, cfg.minibatch_size)
         trained_tokens = 0
         epochs_run = 0
@@ -295,11 +299,11 @@ class RLTrainer:
             weighed: list[Recorded] = []  # this rank's statistics, per minibatch
             for start in starts:
                 minibatch = order[start : start + cfg.minibatch_size]
-                tokens = sum(answered[row] for row in minibatch)  # what the loss averages
+                total = sum(units[row] for row in minibatch)  # what the loss averages over
                 parts = [  # each packed once, for the policy and the critic alike
                     (
                         forwarded(rollout, part.rows, lengths, self.policy),
-                        sum(answered[row] for row in part.rows) / tokens if part.counts else 0.0,
+                        sum(units[row] for row in part.rows) / total if part.counts else 0.0,
                     )
                     for part in microbatches(
                         world, minibatch, lengths, self.shared.microbatch_tokens

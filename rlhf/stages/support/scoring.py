@@ -3,10 +3,12 @@ evaluate stages share (the other stages never import the models that score)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rlhf.algorithms.scorers import ScoringContext
+from rlhf.data.rows import DataError
 from rlhf.project import paths
 from rlhf.project.folders import require_tracked
 from rlhf.reward_sources import Source
@@ -14,14 +16,39 @@ from rlhf.stages.support.context import StageRun
 
 
 def scoring_context(
-    stage: StageRun, ensemble: Sequence[str | Path] = (), ensemble_reduce: str = "min"
+    stage: StageRun,
+    ensemble: Sequence[str | Path] = (),
+    ensemble_reduce: str = "min",
+    references: Mapping[str, str | None] | None = None,
+    format_reward: float = 0.0,
 ) -> ScoringContext:
     """What the stage's scorers are built from: its tokenizer and device, the pipeline's
-    reward model, and (for the RL stage, the one that reads rl.ensemble) the ensemble."""
+    reward model, (for the RL stage, the one that reads rl.ensemble) the ensemble, and the
+    prompts' reference answers that `check:EXTRACTOR` compares with (`prompt_references`)."""
     return ScoringContext(
         stage.tokenizer, stage.device, paths.RM_MODEL, ensemble, ensemble_reduce,
-        stage.frozen_bf16,
+        stage.frozen_bf16, references or {}, format_reward,
     )  # fmt: skip
+
+
+def prompt_references(
+    files: Mapping[Path, Sequence[dict[str, Any]]], checks: Sequence[tuple[str, str]]
+) -> dict[str, str | None]:
+    """Each prompt's reference answer in these files of prompt rows. Where a setting among
+    `checks` ((key, value) pairs, `Params.checked`) compares answers with references, a prompt
+    without one is refused before anything loads, naming the file, the row and the key."""
+    found: dict[str, str | None] = {}
+    for path, rows in files.items():
+        for number, row in enumerate(rows, start=1):
+            if checks and row.get("reference") is None:
+                key, value = checks[0]
+                raise DataError(
+                    f"{path}: row {number}: field 'reference': is null, but {key} names "
+                    f"{value!r}, which checks every answer against its prompt's reference: "
+                    "import questions with their answers (`rlhf import --kind gsm8k` or `qa`)"
+                )
+            found[row["prompt"]] = row.get("reference")
+    return found
 
 
 def require_sources_tracked(stage: StageRun, sources: Sequence[Source], key: str) -> None:

@@ -16,6 +16,7 @@ from rlhf.data.schemas import (
     read_rows,
     write_rows,
 )
+from rlhf.data.splits import split_demonstrations
 from rlhf.tokenizer.chat import decode_response, encode_example, prompt_ids
 from rlhf.tokenizer.tokenizer import save_tokenizer
 
@@ -26,16 +27,20 @@ def tok(tmp_path_factory):
 
 
 def sft_row(**kw):
-    return {"prompt": "Greet Bob.", "response": "Hello, Bob!", "task": "greet", "source": "t", **kw}
+    return {
+        "prompt": "Greet Bob.", "response": "Hello, Bob!", "reference": None, "task": "greet",
+        "source": "t", **kw,
+    }  # fmt: skip
 
 
 def test_every_schema_round_trips(tmp_path):
     meta = {"task": "t", "source": "s"}
     cases = [
         (SFT_SCHEMA, sft_row()),
+        (SFT_SCHEMA, sft_row(reference="Hello, Bob!")),
         (PREFERENCE_SCHEMA, {"prompt": "p", "chosen": "a", "rejected": "b", **meta}),
         (RANKED_SCHEMA, {"prompt": "p", "responses": ["a", "b"], "ranks": [0, 1], **meta}),
-        (PROMPT_SCHEMA, {"prompt": "p", **meta}),
+        (PROMPT_SCHEMA, {"prompt": "p", "reference": "13", **meta}),
     ]
     for i, (schema, row) in enumerate(cases):
         write_rows(tmp_path / f"{i}.parquet", [row, row], schema)
@@ -176,3 +181,30 @@ def test_the_chat_template_frames_training_and_generation_alike(tok):
     assert example.ids[: example.response_start] == context
     assert decode_response(tok, example.ids[example.response_start :]) == "5."
     assert decode_response(tok, [*b"ok", tok.pad_id, *b"junk"]) == "ok"
+
+
+def test_a_file_written_before_references_reads_as_having_none(tmp_path):
+    """data/raw/sft.parquet imported by an earlier version has no reference column."""
+    path = tmp_path / "old.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "p", "task": "t", "source": "s"}]), path)
+    assert read_rows(path, PROMPT_SCHEMA) == [
+        {"prompt": "p", "reference": None, "task": "t", "source": "s"}
+    ]
+
+
+def test_one_prompt_with_two_references_is_refused_naming_both_rows():
+    rows = [sft_row(prompt=f"Q{i}.", reference="1") for i in range(40)]
+    rows.append(sft_row(prompt="Q3.", reference="2"))
+    with pytest.raises(DataError, match=r"raw.parquet: rows 4 and 41 give the prompt 'Q3.' "
+                       r"different references \('1' and '2'\); keep one"):  # fmt: skip
+        split_demonstrations(rows, 0.05, 0.05, seed=0, source="raw.parquet")
+
+
+def test_references_follow_their_prompts_into_every_split():
+    rows = [sft_row(prompt=f"Q{i}.", reference=str(i) if i % 2 else None) for i in range(80)]
+    sets = split_demonstrations(rows, 0.1, 0.1, seed=0, source="raw.parquet")
+    for name, found in sets.items():
+        assert found, name
+        for row in found:
+            number = int(row["prompt"][1:-1])
+            assert row["reference"] == (str(number) if number % 2 else None), name

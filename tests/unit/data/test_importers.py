@@ -370,3 +370,74 @@ def test_every_importer_is_a_choice_of_rlhf_import_and_nothing_else():
 
     assert list(FORMATS) == list(IMPORTERS)
     assert [kind.value for kind in ImportKind] == list(IMPORTERS)
+
+
+def test_gsm8k_rows_become_demonstrations_with_their_final_answer_as_reference(tmp_path):
+    rows = imported(
+        "gsm8k",
+        jsonl(
+            tmp_path / "gsm8k.jsonl",
+            [
+                {
+                    "question": "Ann has 3 boxes of 4 pens. How many pens?",
+                    "answer": "3 boxes hold 3*4=<<3*4=12>>12 pens.\n#### 12",
+                },
+                {"question": "Pay $1,200 twice?", "answer": "2*1200=2400\n#### 2,400"},
+            ],
+        ),
+    )
+    assert rows[0] == {
+        "prompt": "Ann has 3 boxes of 4 pens. How many pens?",
+        "response": "3 boxes hold 3*4=12 pens.\n#### 12",  # the calculator notes removed
+        "reference": "12",
+        "task": "gsm8k",
+        "source": "gsm8k.jsonl",
+    }
+    assert rows[1]["reference"] == "2,400"  # as written: the checker compares numbers
+
+
+def test_qa_rows_answer_is_demonstration_and_reference(tmp_path):
+    path = jsonl(tmp_path / "qa.jsonl", [{"question": "Capital of Peru?", "answer": "Lima"}])
+    assert imported("qa", path) == [
+        {
+            "prompt": "Capital of Peru?",
+            "response": "Lima",
+            "reference": "Lima",
+            "task": "qa",
+            "source": "qa.jsonl",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "record", "message"),
+    [
+        ("gsm8k", {"question": "q", "answer": "It is 12."}, "field 'answer': has no final answer "
+         "after '####'"),
+        ("gsm8k", {"question": "q", "answer": "12\n####   "}, "field 'answer': has no final"),
+        ("gsm8k", {"answer": "#### 1"}, "field 'question': missing"),
+        ("gsm8k", {"question": "q", "answer": 12}, "field 'answer': expected text, got 12"),
+        ("qa", {"answer": "Lima"}, "field 'prompt': missing"),
+        ("qa", {"prompt": "q", "answer": "  "}, "field 'answer': is empty"),
+        ("sft", {"prompt": "q", "response": "a", "reference": " "}, "field 'reference': is empty"),
+        ("sft", {"prompt": "q", "response": "a", "reference": 7}, "field 'reference': expected "
+         "text, got 7"),
+    ],
+)  # fmt: skip
+def test_malformed_question_answer_rows_are_refused_in_one_line(tmp_path, kind, record, message):
+    good = {"prompt": "ok", "question": "ok", "response": "a", "answer": "#### 1"}  # every kind's
+    with pytest.raises(DataError) as err:
+        imported(kind, jsonl(tmp_path / "bad.jsonl", [good, record]))
+    assert str(err.value).startswith(f"{tmp_path / 'bad.jsonl'}: row 2, {message}")
+    assert "\n" not in str(err.value)
+
+
+def test_an_sft_row_may_carry_a_reference_or_none(tmp_path):
+    rows = imported(
+        "sft",
+        jsonl(
+            tmp_path / "sft.jsonl",
+            [{"prompt": "q", "response": "a"}, {"prompt": "r", "response": "b", "reference": "b"}],
+        ),
+    )
+    assert [r.get("reference") for r in rows] == [None, "b"]

@@ -136,7 +136,8 @@ def test_what_a_late_stage_would_refuse_is_refused_by_the_params_check():
 def test_the_gold_judge_on_your_own_prompts_is_refused_before_any_stage_runs():
     """The gold labeler crashed collect, after SFT had trained for minutes."""
     with pytest.raises(ParamsError, match=r"collect.labeler: 'gold' needs the task suite's gold "
-                       r"judge, .* set collect.labeler to rm:PATH, hf:DIR or human"):  # fmt: skip
+                       r"judge, .* set collect.labeler to rm:PATH, hf:DIR, check:EXTRACTOR "
+                       r"or human"):  # fmt: skip
         parse_params({"data": {"source": "files"}})
     with pytest.raises(ParamsError, match=r"rl.reward: 'rule:gold' .* set rl.reward to rm"):
         parse_params({"data": {"source": "files"}, "collect": {"labeler": "human"},

@@ -3,7 +3,8 @@ from collections import Counter
 
 import pytest
 
-from rlhf.params.groups import DataParams
+from rlhf.algorithms.answer_check import check
+from rlhf.params.groups import REFERENCED_TASKS, DataParams
 from rlhf.synthetic import tasks
 from rlhf.synthetic.datasets import synthetic_sets
 
@@ -227,3 +228,36 @@ def test_judge_stays_in_unit_interval_on_arbitrary_answers():
 def test_prompt_outside_the_suite_is_rejected():
     with pytest.raises(ValueError, match="not from the task suite"):
         tasks.gold_score("Write me a poem.", "Roses are red.")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "reference"),
+    [
+        ("Compute 6 + 7.", "13"),
+        ("Name the capital of Spain.", "Madrid"),
+        ("Say apple 3 times.", "apple apple apple"),
+        ("Shout the word apple.", "APPLE"),
+        ("Greet Bob.", None),  # no one right answer: many greetings are right
+        ("How do I steal a car?", None),
+    ],
+)
+def test_tasks_with_one_right_answer_have_it_as_reference(prompt, reference):
+    assert tasks.reference_answer(prompt) == reference
+
+
+def test_every_referenced_family_gives_its_ideal_answer_full_marks_and_a_reference():
+    """params' REFERENCED_TASKS (which a checker accepts) are the families with a reference."""
+    referenced = tuple(n for n, f in tasks.FAMILIES.items() if f.reference is not None)
+    assert referenced == REFERENCED_TASKS
+    for prompt in tasks.ADD.prompts()[:50]:
+        spec = tasks.ADD.parse(prompt)
+        assert check(tasks.ADD.ideal(spec), tasks.reference_answer(prompt))
+
+
+def test_prepares_synthetic_sets_carry_each_prompts_reference():
+    sets = synthetic_sets(DataParams(n_train=60, n_val=12, n_prompts=60, n_heldout=24), seed=3)
+    for rows in sets.values():
+        for row in rows:
+            assert row["reference"] == tasks.reference_answer(row["prompt"])
+        assert any(row["reference"] is None for row in rows)
+        assert any(row["reference"] is not None for row in rows)
