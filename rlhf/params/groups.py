@@ -484,6 +484,14 @@ class GRPOParams(ClipParams):
     group_size: int = spec(4, "Answers sampled per prompt; normalizing needs two.", ge=2)
     update_epochs: int = spec(2, "Passes over each rollout batch.", ge=1)
     kl_coef: float = spec(0.05, "Weight beta of the KL loss term.", ge=0.0)
+    max_sampling_rounds: int = spec(
+        1,
+        "DAPO's dynamic sampling: above 1, an iteration keeps only the groups whose answers "
+        "score differently (a group scored alike has no advantage) and samples further "
+        "prompts, up to this many rollouts, until batch_size such groups are in hand; 1 keeps "
+        "every group.",
+        ge=1,
+    )
     std_normalize: bool = spec(
         True,
         "Divide each answer's advantage by its group's standard deviation (GRPO); false "

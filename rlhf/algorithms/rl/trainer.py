@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlhf.algorithms.rl.dynamic_sampling import informative_batch
 from rlhf.algorithms.rl.experience import Experience, ExperienceMaker
 from rlhf.algorithms.rl.kl import KLController, kl_per_token
 from rlhf.algorithms.rl.losses import aggregate, clipped_value_loss, token_weights
@@ -31,7 +32,7 @@ from rlhf.algorithms.scorers import Scorer
 from rlhf.algorithms.sft import masked_lm_loss
 from rlhf.data.batching import collate
 from rlhf.models.backbone import Backbone
-from rlhf.params.groups import ClipParams, CriticParams, PolicyOptimParams, RLParams
+from rlhf.params.groups import ClipParams, CriticParams, GRPOParams, PolicyOptimParams, RLParams
 from rlhf.sampling.forward import response_forward, response_values
 from rlhf.tokenizer.chat import Example
 from rlhf.tokenizer.tokenizer import Tokenizer
@@ -356,14 +357,34 @@ class RLTrainer:
                 self.critic_opt,
                 lr_at(self.step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
             )
-        rows = prompt_schedule(len(self.prompts), cfg.batch_size, self.seed, self.step)
-        experience, stats = self.experience.make([self.prompts[i] for i in rows], self.kl_ctl.beta)
+        experience, stats = self._experience()
         stats |= self.update(experience)
         self.kl_ctl.update(stats["kl"], len(experience.rollout.prompts))
         self.step += 1
         stats["step"] = self.step
         stats["lr"] = lr
         return stats, experience
+
+    def _experience(self) -> tuple[Experience, dict[str, float]]:
+        """This iteration's experience and the statistics of its (first) rollout: the rollout
+        of its prompts, or under dynamic sampling (`max_sampling_rounds` > 1) the informative
+        groups of as many rollouts as fill the batch, round r's prompts from the shuffle of
+        seed + r."""
+        cfg, beta, stats = self.cfg, self.kl_ctl.beta, {}
+
+        def sample(round_: int) -> Experience:
+            rows = prompt_schedule(len(self.prompts), cfg.batch_size, self.seed + round_, self.step)
+            experience, found = self.experience.make([self.prompts[i] for i in rows], beta)
+            stats.update(found if round_ == 0 else {})
+            return experience
+
+        rounds = cfg.max_sampling_rounds if isinstance(cfg, GRPOParams) else 1
+        if rounds == 1:
+            return sample(0), stats
+        experience, sampled = informative_batch(
+            sample, cfg.batch_size, cfg.group_size, rounds, self.tokenizer.pad_id
+        )
+        return experience, stats | sampled
 
     # -- resume ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -109,3 +109,19 @@ def test_a_resumed_run_keeps_the_adapted_kl_coefficient(tokenizer, tmp_path):
     resumed.load_state_dict(checkpoint.load(tmp_path / "resume.pt")["trainer"])
     assert resumed.iteration()[0]["beta"] == used_betas[1]
     assert resumed.kl_ctl.beta == uninterrupted.kl_ctl.beta
+
+
+def test_a_grpo_iteration_with_dynamic_sampling_trains_on_informative_groups_only(tokenizer):
+    def half_right(prompt: str, response: str) -> float:
+        return float(len(response) % 2)  # random models: groups both tie and differ
+
+    trainer = tiny_trainer(
+        tokenizer, "grpo", rule=half_right, batch_size=4, group_size=2, minibatch_size=4,
+        max_sampling_rounds=3,
+    )  # fmt: skip
+    stats, batch = trainer.iteration()
+    scores = batch.scores.view(-1, 2)
+    assert (scores[:, 0] != scores[:, 1]).all()  # every group kept is informative
+    assert stats["informative_groups"] == len(scores) <= 4
+    assert 1 <= stats["sampling_rounds"] <= 3
+    assert (batch.advantages.abs().sum(-1) > 0).all()
