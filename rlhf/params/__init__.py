@@ -19,7 +19,7 @@ from rlhf import reward_sources
 from rlhf.errors import ParamsError
 from rlhf.params import schema
 from rlhf.params.groups import (
-    REFERENCED_TASKS,
+    CHECKABLE_TASKS,
     RL_ALGORITHMS,
     TASK_FAMILIES,
     ParamsFile,
@@ -147,14 +147,23 @@ class Params(ParamsFile):
                 f"data.tasks = {list(self.data.tasks)!r} must be a non-empty list of "
                 f"{', '.join(TASK_FAMILIES)}"
             )
-        unreferenced = [t for t in self.data.tasks if t not in REFERENCED_TASKS]
-        for key, value in self.checked():
-            if self.data.source == "synthetic" and unreferenced:
-                raise ParamsError(
-                    f"{key} names {value!r}, which checks answers against references, "
-                    f"which the tasks {', '.join(unreferenced)} of data.tasks do not have (one "
-                    f"right answer): set data.tasks to some of {', '.join(REFERENCED_TASKS)}"
-                )
+        if self.data.source == "synthetic":
+            for key, value in self.checked():
+                extractor = value.partition(":")[2].strip()
+                checkable = CHECKABLE_TASKS.get(extractor, ())
+                unchecked = [t for t in self.data.tasks if t not in checkable]
+                if unchecked:
+                    raise ParamsError(
+                        f"{key} names {value!r}, whose extractor finds no right answer of the "
+                        f"tasks {', '.join(unchecked)} in data.tasks: every answer would score 0; "
+                        + (f"set data.tasks to {list(checkable)}" if checkable else
+                           "no task of the suite ends in an answer it reads")
+                    )  # fmt: skip
+        if self.rl.overlong_buffer >= self.rl.max_new_tokens:
+            raise ParamsError(
+                f"rl.overlong_buffer = {self.rl.overlong_buffer} must be smaller than "
+                f"rl.max_new_tokens = {self.rl.max_new_tokens}: every answer would be penalized"
+            )
 
 
 def parse_params(raw: Any, source: str = "params") -> Params:

@@ -12,8 +12,9 @@ from rlhf.errors import ParamsError
 from rlhf.params.schema import MAX_SEED, spec
 
 TASK_FAMILIES = ("greet", "add", "capital", "repeat", "refuse", "uppercase")
-# the families whose prompts have one right answer, a reference (rlhf/synthetic/tasks.py)
-REFERENCED_TASKS = ("add", "capital", "repeat", "uppercase")
+# by extractor of `check:EXTRACTOR`, the families whose reference it finds in a right answer
+# (capitals, repeats and uppercase words carry references too, but no extractor reads them)
+CHECKABLE_TASKS = {"last_number": ("add",)}
 # RL algorithms, each with its own params group of the same name (rlhf/algorithms/rl/registry.py)
 RL_ALGORITHMS = ("ppo", "reinforce", "rloo", "grpo")
 
@@ -318,7 +319,8 @@ class RLParams:
         0,
         "DAPO's overlong shaping: an answer within this many tokens of max_new_tokens loses "
         "up to `overlong_penalty`, linearly in how far into the buffer it runs (an answer "
-        "max_new_tokens long loses all of it); 0 turns it off.",
+        "max_new_tokens long loses all of it); 0 turns it off. It adds to missing_eos_penalty "
+        "(set that to 0 to shape cut answers by their length alone); below max_new_tokens.",
         ge=0,
     )
     overlong_penalty: float = spec(
@@ -439,7 +441,9 @@ class ClipParams(PolicyOptimParams):
         "token",
         "`token`: each token's own ratio pi / pi_rollout (PPO, GRPO); `sequence`: every token "
         "of an answer takes the answer's ratio, the geometric mean of its tokens' (GSPO, "
-        "Zheng et al. 2025, which clips it far tighter: cliprange 3e-4, cliprange_high 4e-4).",
+        "Zheng et al. 2025, which clips it far tighter: cliprange 3e-4, cliprange_high 4e-4, "
+        "and pairs it with loss_aggregation: answer_mean; under token_mean a long answer's "
+        "ratio gradient counts once per token).",
     )
     target_approx_kl: float = spec(
         0.0,
@@ -486,8 +490,8 @@ class GRPOParams(ClipParams):
     kl_coef: float = spec(0.05, "Weight beta of the KL loss term.", ge=0.0)
     max_sampling_rounds: int = spec(
         1,
-        "DAPO's dynamic sampling: above 1, an iteration keeps only the groups whose answers "
-        "score differently (a group scored alike has no advantage) and samples further "
+        "DAPO's dynamic sampling: above 1, an iteration keeps only the groups whose answers' "
+        "rewards differ (a group rewarded alike has no advantage) and samples further "
         "prompts, up to this many rollouts, until batch_size such groups are in hand; 1 keeps "
         "every group.",
         ge=1,

@@ -94,7 +94,8 @@ SPEC = StageSpec(
         "gold": "gold_sampled.{policy}",
         "gold_greedy": "gold_greedy.{policy}",
         "kl": "kl_to_sft.{policy}",
-        # a checker judge's share of right answers (the first checker of evaluate.judges)
+        # a checker judge's share of right answers (of last_number, gsm8k, boxed, the first
+        # that evaluate.judges names)
         "acc": "accuracy." + "|".join(f"check:{e}" for e in CHECK_EXTRACTORS) + ".{policy}",
     },
     details=paths.details_file("eval"),

@@ -35,18 +35,27 @@ def test_the_checker_scores_each_answer_against_its_prompts_reference():
         checker(["Greet Bob."], ["Hello, Bob!"])
 
 
-def test_a_checker_on_tasks_without_one_right_answer_is_refused_by_params():
-    """Greetings and refusals have no reference: a checker there would score every answer 0."""
-    with pytest.raises(ParamsError, match=r"rl.reward names 'check:last_number'.*greet, refuse"):
+def test_a_checker_on_tasks_whose_answers_it_cannot_read_is_refused_by_params():
+    """Greetings have no reference, and no extractor reads a capital's: a checker there would
+    score every answer 0."""
+    with pytest.raises(ParamsError, match=r"rl.reward names 'check:last_number', whose extractor "
+                       r"finds no right answer of the tasks greet, capital, repeat, refuse, "
+                       r"uppercase in data.tasks: .* set data.tasks to \['add'\]"):  # fmt: skip
         parse_params({"rl": {"reward": "check:last_number"}})
-    with pytest.raises(ParamsError, match=r"evaluate.judges names 'check:gsm8k'.*data.tasks"):
-        parse_params({"evaluate": {"judges": ["gold", "check:gsm8k"]}})
+    with pytest.raises(ParamsError, match=r"evaluate.judges names 'check:gsm8k'.*no task of the"):
+        parse_params({"evaluate": {"judges": ["gold", "check:gsm8k"]}, "data": {"tasks": ["add"]}})
     fine = parse_params({"rl": {"reward": "check:last_number"}, "data": {"tasks": ["add"]}})
     assert fine.checked() == [(REWARD, "check:last_number")]
     own_data = {"source": "files"}  # whose prompts the stages check (`prompt_references`)
     judged = {"data": own_data, "collect": {"labeler": "human"}, "evaluate": {"judges": ["rm"]}}
     judged["evaluate"]["judges"].append("check:boxed")
     assert parse_params(judged).checked() == [(JUDGES, "check:boxed")]
+
+
+def test_an_overlong_buffer_as_long_as_the_answers_is_refused():
+    with pytest.raises(ParamsError, match=r"rl\.overlong_buffer = 32 must be smaller than "
+                       r"rl\.max_new_tokens = 32"):  # fmt: skip
+        parse_params({"rl": {"overlong_buffer": 32, "max_new_tokens": 32}})
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
-"""DAPO's dynamic sampling (Yu et al. 2025): a group whose answers all score alike has zero
-advantage under group normalization, so it gives the update no gradient, only tokens that
+"""DAPO's dynamic sampling (Yu et al. 2025): a group whose answers all earn the same reward has
+zero advantage under group normalization, so it gives the update no gradient, only tokens that
 dilute the token mean. With `max_sampling_rounds` above 1, an iteration keeps only the groups
-whose scores differ and samples further prompts, a round at a time, until `batch_size` such
-groups are in hand or the rounds run out; a round draws its prompts from its own seeded
-shuffle, so a resumed run samples exactly what the run it resumes did.
+with an advantage (their rewards, penalties included, differ) and samples further prompts, a
+round at a time, until `batch_size` such groups are in hand or the rounds run out; a round
+draws its prompts from its own seeded shuffle, so a resumed run samples exactly what the run
+it resumes did.
 
 Every rank holds the whole batch's scores (`shards.whole_batch`), so all decide alike.
 """
@@ -21,11 +22,11 @@ from rlhf.algorithms.rl.shards import widened
 from rlhf.sampling.rollout import Rollout
 
 
-def informative_groups(scores: Tensor, group_size: int) -> list[int]:
-    """The groups (consecutive `group_size` rows of scores [B]) whose scores are not all
-    equal."""
-    grouped = scores.view(-1, group_size)  # [G, k]
-    return (grouped.amax(-1) > grouped.amin(-1)).nonzero().flatten().tolist()
+def informative_groups(advantages: Tensor, group_size: int) -> list[int]:
+    """The groups (consecutive `group_size` rows of advantages [B, N]) with an advantage: the
+    rewards the advantages came from, penalties included, are not all equal."""
+    grouped = advantages.abs().amax(-1).view(-1, group_size)  # [G, k]
+    return (grouped.amax(-1) > 0).nonzero().flatten().tolist()
 
 
 def group_rows(groups: list[int], group_size: int) -> list[int]:
@@ -156,7 +157,7 @@ def informative_batch(
         ran += 1
         if first is None:
             first = experience
-        groups = informative_groups(experience.scores, group_size)[: batch_size - found]
+        groups = informative_groups(experience.advantages, group_size)[: batch_size - found]
         if groups:
             chosen = subset(experience, group_rows(groups, group_size))
             kept = chosen if kept is None else concatenated(kept, chosen, pad_id)

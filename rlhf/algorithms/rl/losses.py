@@ -71,11 +71,12 @@ class PolicyLoss:
     approx_kl: Tensor  # k3 estimate of KL(rollout policy || current policy)
 
 
-def _approx_kl(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    """k3 = (r - 1) - log r with r = pi / pi_rollout, over the rollout's own tokens: an
-    unbiased, non-negative estimate of KL(rollout policy || current policy)."""
+def _approx_kl(log_ratio: Tensor, mask: Tensor, weights: Tensor | None = None) -> Tensor:
+    """k3 = (r - 1) - log r with r = pi / pi_rollout, over the rollout's own tokens (added up
+    as the loss is, `aggregate`): an unbiased, non-negative estimate of KL(rollout policy ||
+    current policy)."""
     with torch.no_grad():
-        return masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+        return aggregate(torch.expm1(log_ratio) - log_ratio, mask, weights)
 
 
 def clipped_policy_loss(
@@ -100,11 +101,11 @@ def clipped_policy_loss(
     high = clip if clip_high is None else clip_high
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + high)
     with torch.no_grad():
-        clip_fraction = masked_mean((clipped > unclipped).float(), mask)
+        clip_fraction = aggregate((clipped > unclipped).float(), mask, weights)
     return PolicyLoss(
         aggregate(torch.maximum(unclipped, clipped), mask, weights),
         clip_fraction,
-        _approx_kl(logprobs - old_logprobs, mask),
+        _approx_kl(logprobs - old_logprobs, mask, weights),
     )
 
 
@@ -120,20 +121,26 @@ def policy_gradient_loss(
     return PolicyLoss(
         aggregate(-advantages * logprobs, mask, weights),
         torch.zeros((), device=mask.device),
-        _approx_kl(logprobs - old_logprobs, mask),
+        _approx_kl(logprobs - old_logprobs, mask, weights),
     )
 
 
 def clipped_value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Half the larger of the plain and the clipped squared error, masked token mean;
-    and the share of tokens where clipping bound."""
+    """Half the larger of the plain and the clipped squared error over the masked tokens
+    (`aggregate` with `weights`, as the policy's loss); and the share of tokens where
+    clipping bound."""
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     plain_err, clipped_err = (values - returns) ** 2, (clipped - returns) ** 2
     with torch.no_grad():
-        clip_fraction = masked_mean((clipped_err > plain_err).float(), mask)
-    return 0.5 * masked_mean(torch.maximum(plain_err, clipped_err), mask), clip_fraction
+        clip_fraction = aggregate((clipped_err > plain_err).float(), mask, weights)
+    return 0.5 * aggregate(torch.maximum(plain_err, clipped_err), mask, weights), clip_fraction
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:

@@ -158,12 +158,14 @@ class RLTrainer:
         values = response_values(
             self.critic, part.ids, part.real, rollout.prompt_width, part.packing
         )
+        mask = rollout.response_mask[rows]
         loss, clip_fraction = clipped_value_loss(
             values,
             exp.values[rows],
             exp.returns[rows],
-            rollout.response_mask[rows],
+            mask,
             self.cfg.cliprange_value,
+            token_weights(mask, self.cfg.loss_aggregation, self.shared.max_new_tokens),
         )
         record(weight, value_loss=loss, value_clip_fraction=clip_fraction)
         return globally_normalized(loss, weight, self.world)
@@ -209,6 +211,7 @@ class RLTrainer:
                 exp.returns[rows],
                 mask,
                 cfg.cliprange_value,
+                weights,
             )
             loss = loss + cfg.vf_coef * value_loss
             record(weight, value_loss=value_loss, value_clip_fraction=value_clip)

@@ -3,8 +3,8 @@ from collections import Counter
 
 import pytest
 
-from rlhf.algorithms.answer_check import check
-from rlhf.params.groups import REFERENCED_TASKS, DataParams
+from rlhf.algorithms.answer_check import EXTRACTORS, check
+from rlhf.params.groups import CHECKABLE_TASKS, DataParams
 from rlhf.synthetic import tasks
 from rlhf.synthetic.datasets import synthetic_sets
 
@@ -245,13 +245,21 @@ def test_tasks_with_one_right_answer_have_it_as_reference(prompt, reference):
     assert tasks.reference_answer(prompt) == reference
 
 
-def test_every_referenced_family_gives_its_ideal_answer_full_marks_and_a_reference():
-    """params' REFERENCED_TASKS (which a checker accepts) are the families with a reference."""
-    referenced = tuple(n for n, f in tasks.FAMILIES.items() if f.reference is not None)
-    assert referenced == REFERENCED_TASKS
-    for prompt in tasks.ADD.prompts()[:50]:
-        spec = tasks.ADD.parse(prompt)
-        assert check(tasks.ADD.ideal(spec), tasks.reference_answer(prompt))
+def test_params_allow_a_checker_on_exactly_the_families_whose_right_answers_it_reads():
+    """params' CHECKABLE_TASKS: an extractor checks a family's ideal answers right there, and
+    no extractor reads any ideal answer of the other families (every answer would score 0)."""
+    for family in tasks.FAMILIES.values():
+        if family.reference is None:
+            continue
+        for extractor in EXTRACTORS:
+            right = [
+                check(family.ideal(spec), family.reference(spec), extractor)
+                for spec in family.slots()[:40]
+            ]
+            assert all(right) == (family.name in CHECKABLE_TASKS.get(extractor, ())), (
+                family.name, extractor,
+            )  # fmt: skip
+            assert any(right) == all(right)
 
 
 def test_prepares_synthetic_sets_carry_each_prompts_reference():

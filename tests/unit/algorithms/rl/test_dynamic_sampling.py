@@ -16,7 +16,8 @@ PAD = 0
 
 
 def experience(scores: list[float], prompt_width: int, response_width: int, tag: int) -> Experience:
-    """Rows whose every id, log-prob and advantage is `tag` plus the row, fully real."""
+    """Rows whose every id and log-prob is `tag` plus the row, fully real, each answer's
+    advantage its score less its group's mean (groups of 2)."""
     rows = len(scores)
     fill = torch.arange(rows, dtype=torch.float32)[:, None] + tag  # [B, 1]
     width = prompt_width + response_width
@@ -31,13 +32,20 @@ def experience(scores: list[float], prompt_width: int, response_width: int, tag:
         prompt_width=prompt_width,
     )
     per_token = fill.expand(rows, response_width).clone()
-    return Experience(rollout, per_token, per_token, torch.tensor(scores), per_token, None, None)
+    grouped = torch.tensor(scores).view(-1, 2)
+    advantages = (grouped - grouped.mean(-1, keepdim=True)).reshape(-1, 1)
+    return Experience(
+        rollout, per_token, per_token, torch.tensor(scores),
+        advantages.expand(rows, response_width).clone(), None, None,
+    )  # fmt: skip
 
 
-def test_a_group_scored_alike_is_not_informative():
-    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])
-    assert informative_groups(scores, group_size=2) == [1]
-    assert informative_groups(scores, group_size=4) == [0]
+def test_a_group_without_an_advantage_is_not_informative():
+    """Groups of two rows: only the second has an advantage; as groups of four, the first. A
+    group scored alike whose rewards a penalty set apart (a cut answer) has one too."""
+    advantages = torch.tensor([0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0])[:, None].expand(8, 3)
+    assert informative_groups(advantages, group_size=2) == [1]
+    assert informative_groups(advantages, group_size=4) == [0]
 
 
 def test_experiences_of_different_widths_join_padded_and_masked():
@@ -51,8 +59,8 @@ def test_experiences_of_different_widths_join_padded_and_masked():
     assert rollout.response_mask[:2].tolist() == [[True, True, False, False]] * 2
     assert rollout.attention_mask[2:].tolist() == [[False, True, True, True, True, True, True]] * 2
     assert rollout.sequences[:2, 5:].tolist() == [[PAD, PAD]] * 2
-    assert joined.advantages[:, :2].tolist() == [[10.0] * 2, [11.0] * 2, [20.0] * 2, [21.0] * 2]
-    assert joined.advantages[:2, 2:].abs().sum() == 0
+    assert joined.old_logprobs[:, :2].tolist() == [[10.0] * 2, [11.0] * 2, [20.0] * 2, [21.0] * 2]
+    assert joined.advantages[:2, 2:].abs().sum() == 0 and joined.old_logprobs[:2, 2:].sum() == 0
     assert joined.scores.tolist() == [1.0, 0.0, 0.0, 1.0]
     assert subset(joined, [3, 0]).rollout.prompts == ["p20.1", "p10.0"]
 

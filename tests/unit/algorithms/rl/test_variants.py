@@ -12,6 +12,7 @@ from rlhf.algorithms.rl.advantages import grpo_advantages, overlong_penalty
 from rlhf.algorithms.rl.losses import (
     aggregate,
     clipped_policy_loss,
+    clipped_value_loss,
     sequence_log_ratio,
     token_weights,
 )
@@ -47,6 +48,23 @@ def test_answer_mean_weighs_microbatches_by_answers_so_parts_add_up_to_the_whole
         for i in range(2)
     )
     assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
+
+
+def test_the_critics_loss_is_added_up_as_the_policys_so_microbatching_cannot_change_it():
+    """Answers of 1 token (squared error 4) and of 3 (error 0): per answer, 0.5 * (4 + 0) / 2,
+    whether the two answers are one microbatch or two, each weighed by its share of answers."""
+    values, returns = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), torch.zeros(2, 3)
+    mask = torch.tensor([[True, False, False], [True, True, True]])
+
+    def loss(rows: slice) -> float:
+        part = mask[rows]
+        weights = token_weights(part, "answer_mean", max_new_tokens=8)
+        return clipped_value_loss(values[rows], values[rows], returns[rows], part, 0.2, weights)[
+            0
+        ].item()
+
+    assert loss(slice(0, 2)) == pytest.approx(1.0)
+    assert 0.5 * loss(slice(0, 1)) + 0.5 * loss(slice(1, 2)) == pytest.approx(1.0)
 
 
 def test_group_advantages_with_and_without_the_group_std():
