@@ -240,3 +240,46 @@ def test_findings_by_task_and_along_training():
     assert "judges add worst (gold accuracy 0.600, 0.820 over all families)" in block
     peak = "from SFT's 0.620 to its peak, 0.700, at iteration 20 (KL 0.500) and ends at 0.690."
     assert f"PPO's gold score goes {peak}" in block
+
+
+def load_verifiable_script():
+    spec = importlib.util.spec_from_file_location(
+        "docs_verifiable", REPO / "docs" / "verifiable.py"
+    )
+    script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+verifiable = load_verifiable_script()
+
+
+def checked_run(sft: float, grpo: float) -> dict:
+    """One seed's checker numbers, as docs/verifiable.py records them."""
+    accuracy = {"sft": sft, "grpo": grpo}
+    return {
+        "accuracy": accuracy,
+        "accuracy_ci95": {p: {"low": a - 0.05, "high": a + 0.05} for p, a in accuracy.items()},
+        "accuracy_greedy": accuracy,
+        "pass_at_k": {p: {"1": a, "2": min(1.0, 2 * a)} for p, a in accuracy.items()},
+    }
+
+
+def test_the_verifiable_block_says_whether_grpo_beats_sft_at_every_seed():
+    text = verifiable.block({"1": checked_run(0.5, 0.6), "2": checked_run(0.4, 0.45)})
+    lines = text.splitlines()
+    assert row(lines, "grpo") == [
+        "grpo", "0.525 ± 0.106", "0.600 (0.550 – 0.650)", "0.450 (0.400 – 0.500)",
+        "0.525 ± 0.106", "0.525 ± 0.106", "0.950 ± 0.071",
+    ]  # fmt: skip
+    assert lines[-1].startswith("GRPO rewarded by the checker raises held-out accuracy above")
+    assert "+0.100 (seed 1), +0.050 (seed 2)" in lines[-1]
+    text = verifiable.block({"1": checked_run(0.5, 0.6), "2": checked_run(0.4, 0.35)})
+    assert "does not raise held-out accuracy above SFT's at every seed" in text
+    timed = verifiable.block({"1": checked_run(0.5, 0.6) | {"seconds": 441}})
+    assert timed.endswith("7 min 21 s (seed 1); the other seeds' runs shared the CPU and are not "
+                          "timed.")  # fmt: skip
+
+
+def test_the_verifiable_block_is_the_recorded_seeds():
+    assert verifiable.main(["--check"]) == 0
