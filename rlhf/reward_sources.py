@@ -1,8 +1,9 @@
 """Reward sources and judges: one registry of everything a params value can name to score
 answers.
 
-`rl.reward` (what the RL stages maximize), `collect.labeler` (who ranks collect's answers) and
-`evaluate.judges` (who decides the win rates) name their scorers with the same spellings:
+`rl.reward` (what the RL stages maximize), `rl.ensemble` (what `rl.reward: ensemble` combines
+with the reward model), `collect.labeler` (who ranks collect's answers) and `evaluate.judges`
+(who decides the win rates) name their scorers with the same spellings:
 `gold`, `rm`, `hf:DIR`, `rule:NAME`, `check:EXTRACTOR`, ... Each kind here says how it is
 spelled, which keys accept it, what it reads (the task suite, the trained reward model, a
 folder or checkpoint DVC must track, people's labels, the prompts' references) and whether it
@@ -28,9 +29,10 @@ from rlhf.errors import ParamsError
 GOLD = "gold"
 REWARD_MODEL = "rm"
 REWARD = "rl.reward"
+ENSEMBLE = "rl.ensemble"
 LABELER = "collect.labeler"
 JUDGES = "evaluate.judges"
-LIST_KEYS = {JUDGES}  # keys whose value is a list of sources, each read on its own
+LIST_KEYS = {ENSEMBLE, JUDGES}  # keys whose value is a list of sources, each read on its own
 
 # What a kind reads besides the prompts and answers:
 # `suite`: the task suite's gold judge, so task-suite prompts only;
@@ -81,23 +83,25 @@ KINDS = {
             "the trained reward model: the proxy the RL policies optimized, so it flatters them",
         ),
         SourceKind(
-            "checkpoint", "rm", "PATH", frozenset({LABELER}), "path",
+            "checkpoint", "rm", "PATH", frozenset({LABELER, ENSEMBLE}), "path",
             "the reward-model checkpoint {}, of an earlier run",
         ),
         SourceKind(
-            "hf", "hf", "DIR", frozenset({REWARD, LABELER, JUDGES}), "path",
+            "hf", "hf", "DIR", frozenset({REWARD, ENSEMBLE, LABELER, JUDGES}), "path",
             "the reward model in {}, trained elsewhere",
         ),
         SourceKind(
             "ensemble", "ensemble", None, frozenset({REWARD}), "reward_model",
-            "the trained reward model and the checkpoints of rl.ensemble, their minimum or mean",
+            "the trained reward model and the sources of rl.ensemble, their minimum, mean or "
+            "weighted sum (rl.ensemble_reduce)",
         ),
         SourceKind(
-            "rule", "rule", "NAME", frozenset({REWARD, JUDGES}), None,
+            "rule", "rule", "NAME", frozenset({REWARD, ENSEMBLE, JUDGES}), None,
             "the reward function {}", choices=RULES, choice_noun="rule",
         ),
         SourceKind(
-            "check", "check", "EXTRACTOR", frozenset({REWARD, LABELER, JUDGES}), "references",
+            "check", "check", "EXTRACTOR", frozenset({REWARD, ENSEMBLE, LABELER, JUDGES}),
+            "references",
             "the answer checker: the final answer ({} extractor) against the prompt's "
             "reference, 1 or 0", choices=CHECK_EXTRACTORS, choice_noun="extractor",
         ),

@@ -126,15 +126,24 @@ class CheckScorer:
 
 @dataclass
 class EnsembleScorer:
-    """Several reward models' normalized scores, averaged or (against hacking) their minimum:
-    a policy exploiting one model's blind spot gets no credit the others do not also give."""
+    """Several scorers' scores combined: their minimum (against hacking: a policy exploiting
+    one reward model's blind spot gets no credit the others do not also give), their mean, or
+    a weighted sum (a reward model's normalized score plus an answer checker's 0 or 1, so
+    that a right final answer counts beside everything the reward model judges)."""
 
     members: list[Scorer]
     reduce: str = "min"
+    weights: Sequence[float] = ()  # `weighted_sum`: one per member
 
     def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> Tensor:
-        scores = torch.stack([m(prompts, responses) for m in self.members])  # [M, B]
-        return scores.min(0).values if self.reduce == "min" else scores.mean(0)
+        scores = torch.stack([m(prompts, responses).float() for m in self.members])  # [M, B]
+        if self.reduce == "min":
+            return scores.min(0).values
+        if self.reduce == "mean":
+            return scores.mean(0)
+        if len(self.weights) != len(self.members):
+            raise ValueError(f"{len(self.weights)} weights for {len(self.members)} scorers")
+        return torch.tensor(self.weights, dtype=scores.dtype) @ scores  # [M] @ [M, B] -> [B]
 
 
 def backbones(scorer: Scorer) -> list[Backbone]:
@@ -197,8 +206,9 @@ class ScoringContext:
     tokenizer: Tokenizer
     device: torch.device
     reward_model_path: str | Path  # the reward model the pipeline trained
-    ensemble: Sequence[str | Path] = ()  # rl.ensemble's further checkpoints
+    ensemble: Sequence[Source] = ()  # rl.ensemble: what scores beside the reward model
     ensemble_reduce: str = "min"
+    ensemble_weights: Sequence[float] = ()  # `weighted_sum`: the reward model's, then each's
     frozen_bf16: bool = False  # external reward models in bfloat16 on CUDA
     references: Mapping[str, str | None] = field(default_factory=dict)  # prompt -> reference
     format_reward: float = 0.0  # the checker's reward for a wrong answer in the right format
@@ -218,8 +228,8 @@ class ScoringContext:
 
 
 def _ensemble(source: Source, context: ScoringContext) -> Scorer:
-    members = [context.reward_model(), *map(context.checkpoint, context.ensemble)]
-    return EnsembleScorer(members, context.ensemble_reduce)
+    members = [context.reward_model(), *(build(member, context) for member in context.ensemble)]
+    return EnsembleScorer(members, context.ensemble_reduce, context.ensemble_weights)
 
 
 # by rlhf.reward_sources kind: what scores for it (a test ties the two tables); the gold judge

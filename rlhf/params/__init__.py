@@ -25,7 +25,7 @@ from rlhf.params.groups import (
     ParamsFile,
     PolicyOptimParams,
 )
-from rlhf.reward_sources import JUDGES, LABELER, REWARD
+from rlhf.reward_sources import ENSEMBLE, JUDGES, LABELER, REWARD
 
 # answers one person ranks at once, each named by a letter (rlhf.labeling.ranking.LETTERS,
 # checked by a test; not imported, or every stage would depend on the labeling code)
@@ -33,6 +33,7 @@ MAX_ANSWERS_ON_SCREEN = 26
 GOLD_FIXES = {  # what to set instead, by key, where the gold judge cannot score the prompts
     LABELER: "set collect.labeler to rm:PATH, hf:DIR, check:EXTRACTOR or human",
     REWARD: "set rl.reward to rm, hf:DIR, ensemble or check:EXTRACTOR",
+    ENSEMBLE: "remove it from rl.ensemble",
     JUDGES: "remove it from evaluate.judges",
 }
 
@@ -54,6 +55,9 @@ class Params(ParamsFile):
             found[LABELER] = self.collect.labeler
         if self.reward().needs_suite:
             found[REWARD] = self.rl.reward
+        for spelled, member in self.ensemble_members():
+            if member.needs_suite:
+                found[ENSEMBLE] = spelled
         for spelled, judge in zip(self.evaluate.judges, self.judges(), strict=True):
             if judge.refused_off_suite:
                 found[JUDGES] = spelled
@@ -63,6 +67,8 @@ class Params(ParamsFile):
         """(key, value) of each setting that checks answers against references: every prompt
         it scores must have one."""
         found = [(REWARD, self.rl.reward)] if self.reward().needs_references else []
+        members = self.ensemble_members()
+        found += [(ENSEMBLE, spelled) for spelled, member in members if member.needs_references]
         if self.collect.source == "policy" and self.labeler().needs_references:
             found.append((LABELER, self.collect.labeler))
         pairs = zip(self.evaluate.judges, self.judges(), strict=True)
@@ -71,6 +77,17 @@ class Params(ParamsFile):
     def reward(self) -> reward_sources.Source:
         """`rl.reward` as a reward source."""
         return reward_sources.parse(self.rl.reward, REWARD)
+
+    def ensemble_members(self) -> list[tuple[str, reward_sources.Source]]:
+        """What `rl.reward: ensemble` combines with the reward model: each `rl.ensemble` entry
+        as spelled and as a reward source; none for another reward (which reads no entry)."""
+        if self.reward().kind.name != "ensemble":
+            return []
+        return [(member, reward_sources.parse(member, ENSEMBLE)) for member in self.rl.ensemble]
+
+    def ensemble(self) -> list[reward_sources.Source]:
+        """`ensemble_members`' sources, in their order."""
+        return [source for _, source in self.ensemble_members()]
 
     def labeler(self) -> reward_sources.Source:
         """`collect.labeler` as a reward source."""
@@ -127,8 +144,7 @@ class Params(ParamsFile):
                     f"{key}: {value!r} needs the task suite's gold judge, which cannot score "
                     f"your own prompts (data.source: files): {GOLD_FIXES[key]}"
                 )
-        if self.reward().kind.name == "ensemble" and not self.rl.ensemble:
-            raise ParamsError("rl.reward = 'ensemble' needs checkpoints in rl.ensemble")
+        self._check_ensemble()
         unknown_rl = sorted(set(self.rl_algorithms) - set(RL_ALGORITHMS))
         if unknown_rl or len(set(self.rl_algorithms)) != len(self.rl_algorithms):
             raise ParamsError(
@@ -163,6 +179,31 @@ class Params(ParamsFile):
             raise ParamsError(
                 f"rl.overlong_buffer = {self.rl.overlong_buffer} must be smaller than "
                 f"rl.max_new_tokens = {self.rl.max_new_tokens}: every answer would be penalized"
+            )
+
+    def _check_ensemble(self) -> None:
+        """rl.reward: ensemble needs members; weighted_sum one weight per score it sums, and
+        no other reduction reads weights (a weight set there would be silently ignored)."""
+        rl = self.rl
+        if self.reward().kind.name == "ensemble" and not rl.ensemble:
+            raise ParamsError(
+                "rl.reward = 'ensemble' needs reward sources in rl.ensemble "
+                "(rm:PATH, hf:DIR, rule:NAME or check:EXTRACTOR)"
+            )
+        self.ensemble()  # raises naming the key, the entry and what it accepts
+        if rl.ensemble_reduce != "weighted_sum":
+            if rl.ensemble_weights:
+                raise ParamsError(
+                    f"rl.ensemble_weights = {list(rl.ensemble_weights)} is read only by "
+                    f"rl.ensemble_reduce: weighted_sum, not {rl.ensemble_reduce!r}: set that, "
+                    "or empty the weights"
+                )
+        elif len(rl.ensemble_weights) != 1 + len(rl.ensemble):
+            raise ParamsError(
+                f"rl.ensemble_weights = {list(rl.ensemble_weights)} must hold "
+                f"{1 + len(rl.ensemble)} weights for rl.ensemble_reduce: weighted_sum: the "
+                f"reward model's, then one for each of the {len(rl.ensemble)} rl.ensemble "
+                "entries"
             )
 
 

@@ -297,12 +297,28 @@ class RLParams:
         "one-label *ForSequenceClassification folder scoring through its own tokenizer, its raw "
         "score as the reward (GPT-2, Llama, Qwen natively; other families such as DeBERTa-v3 "
         "through transformers, the `[hf]` extra); `ensemble`: the reward model plus the "
-        "checkpoints in `ensemble`, combined by `ensemble_reduce` (min resists reward hacking); "
+        "sources in `ensemble`, combined by `ensemble_reduce` (min resists reward hacking); "
         "`check:EXTRACTOR`: 1 where the answer's final answer (`last_number`, GSM8K's `gsm8k` "
         "`#### N`, MATH's `boxed`) is the prompt's reference, else 0 (every prompt needs one).",
     )
-    ensemble: tuple[str, ...] = spec((), "Extra reward-model checkpoints for `reward: ensemble`.")
-    ensemble_reduce: Literal["mean", "min"] = spec("min", "How ensemble scores combine.")
+    ensemble: tuple[str, ...] = spec(
+        (),
+        "`reward: ensemble`: what scores beside the trained reward model, each spelled as a "
+        "reward source: `rm:PATH` (a reward-model checkpoint of an earlier run), `hf:DIR`, "
+        "`rule:NAME` or `check:EXTRACTOR` (the answer checker: every prompt needs a reference). "
+        "Files and folders named here are DVC deps of the RL stages.",
+    )
+    ensemble_reduce: Literal["mean", "min", "weighted_sum"] = spec(
+        "min",
+        "How the ensemble's scores combine: `min` (a policy gets no credit one member denies: "
+        "against reward hacking), `mean`, or `weighted_sum` by `ensemble_weights` (the reward "
+        "model's score plus an answer checker's 0 or 1, for one).",
+    )
+    ensemble_weights: tuple[float, ...] = spec(
+        (),
+        "`ensemble_reduce: weighted_sum`: the trained reward model's weight, then one per "
+        "`ensemble` entry, in its order; empty for the other reductions.",
+    )
     format_reward: float = spec(
         0.0,
         "`reward: check:EXTRACTOR`: the reward of a wrong final answer the extractor found (the "

@@ -1,12 +1,13 @@
 """Folders outside the pipeline's own outputs that params name: inputs DVC must track too.
 
 The pretrained model `model.init` names (read by the tokenizer and SFT stages), an external
-reward model `rl.reward: hf:DIR` names (read by the RL stages), the reward models among
-`evaluate.judges` (read by the evaluation), and what `collect.labeler` names (read by the
-collect stage): a reward model, or for `human` the folder of people's labels. dvc.yaml's deps
-are fixed when `rlhf dvc-yaml` writes it, so such a folder joins the deps of the stages that
-read it then. A stage started on a folder dvc.yaml does not list refuses to run: otherwise new
-weights in the folder would leave every result "up to date".
+reward model `rl.reward: hf:DIR` names and the reward models among `rl.ensemble` (read by
+the RL stages), the reward models among `evaluate.judges` (read by the evaluation), and what
+`collect.labeler` names (read by the collect stage): a reward model, or for `human` the folder
+of people's labels. dvc.yaml's deps are fixed when `rlhf dvc-yaml` writes it, so such a folder
+joins the deps of the stages that read it then. A stage started on a folder dvc.yaml does not
+list refuses to run: otherwise new weights in the folder would leave every result "up to
+date".
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def tracked_folders(params: Params) -> dict[str, tuple[Path, ...]]:
         "tokenizer": (init,),
         "sft": (init,),
         "collect": (labeler_path(params),),
-        "rl": (params.reward().path,),
+        "rl": (params.reward().path, *(member.path for member in params.ensemble())),
         "evaluate": tuple(judge.path for judge in params.judges()),
     }
     return {stage: tuple(f for f in folders if f) for stage, folders in reads.items()}

@@ -42,7 +42,7 @@ from rlhf.params import ParamsError
 from rlhf.params.groups import RL_ALGORITHMS, CriticParams
 from rlhf.project import paths
 from rlhf.project.specs import ITEM, StageSpec
-from rlhf.reward_sources import REWARD
+from rlhf.reward_sources import ENSEMBLE, REWARD
 from rlhf.stages.support.context import StageRun
 from rlhf.stages.support.entry import main
 from rlhf.stages.support.outputs import published, write_metrics, write_timings
@@ -93,16 +93,16 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
     trained = 1 + separate_critic  # the policy, and a critic of its own
     reward = p.reward()
     require_sources_tracked(stage, [reward], REWARD)
+    require_sources_tracked(stage, p.ensemble(), ENSEMBLE)
     prompts = read_rows(paths.PROMPTS_TRAIN, PROMPT_SCHEMA)
+    checks = [(key, value) for key, value in p.checked() if key in (REWARD, ENSEMBLE)]
     # the held-out prompts too: the trained policy's reward is measured on them (`run`)
-    references = prompt_references(
-        {
-            paths.PROMPTS_TRAIN: prompts,
-            paths.PROMPTS_HELDOUT: read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA),
-        },
-        [(key, value) for key, value in p.checked() if key == REWARD],
+    held_out = {paths.PROMPTS_HELDOUT: read_rows(paths.PROMPTS_HELDOUT, PROMPT_SCHEMA)}
+    references = prompt_references({paths.PROMPTS_TRAIN: prompts, **held_out}, checks)
+    # the reward models held beside them: the trained one, and the ensemble's folders
+    rewarded = (reward.kind.reads == "reward_model") + sum(
+        member.path is not None for member in p.ensemble()
     )
-    rewarded = reward.kind.reads == "reward_model"  # a reward model held beside them
     lora = p.rl.lora_rank > 0  # then adapters train, and the policy is its own reference
     # full-context rows one forward and backward pass of the update holds (`microbatches`)
     micro_sequences = min(cfg.minibatch_size, -(-p.rl.microbatch_tokens // p.model.block_size))
@@ -123,9 +123,7 @@ def build_trainer(stage: StageRun, algorithm: str) -> RLTrainer:
         for model in (policy, critic):
             if model is not None:
                 add_adapters(model, p.rl.lora_rank, p.rl.lora_alpha)
-    context = scoring_context(
-        stage, p.rl.ensemble, p.rl.ensemble_reduce, references, p.rl.format_reward
-    )
+    context = scoring_context(stage, references, p.rl)
     scorer = build(reward, context)
     for model in backbones(scorer):
         stage.compiled(model)

@@ -23,7 +23,7 @@ from rlhf.models.lora import adapters, adapters_off, add_adapters, merged_model
 from rlhf.params import Params, ParamsError
 from rlhf.params.groups import RL_ALGORITHMS, CriticParams, DataParams, RLParams
 from rlhf.project.metric_files import read_metrics
-from rlhf.reward_sources import parse
+from rlhf.reward_sources import ENSEMBLE, parse
 from rlhf.synthetic.datasets import synthetic_sets
 from rlhf.tokenizer.tokenizer import load_tokenizer
 from rlhf.train.curves import read_curve
@@ -347,12 +347,16 @@ def test_reward_sources(trained_project, tmp_path):
         payload["model"][key] = -payload["model"][key]
     mirrored = tmp_path / "mirrored.pt"
     torch.save(payload, mirrored)
-    lowest = reward_source("ensemble", tokenizer, device, rm, ensemble=[mirrored])
+    ensemble = [parse(f"rm:{mirrored}", ENSEMBLE)]
+    lowest = reward_source("ensemble", tokenizer, device, rm, ensemble=ensemble)
     torch.testing.assert_close(lowest(prompts, answers), -single.abs())
     mean = reward_source(
-        "ensemble", tokenizer, device, rm, ensemble=[mirrored], ensemble_reduce="mean"
+        "ensemble", tokenizer, device, rm, ensemble=ensemble, ensemble_reduce="mean"
     )
     torch.testing.assert_close(mean(prompts, answers), torch.zeros_like(single), atol=1e-6, rtol=0)
+    weighted = {"ensemble_reduce": "weighted_sum", "ensemble_weights": (3.0, 2.0)}
+    summed = reward_source("ensemble", tokenizer, device, rm, ensemble=ensemble, **weighted)
+    torch.testing.assert_close(summed(prompts, answers), single)  # 3 r - 2 r
     model, payload = checkpoint.load_model(rm, tokenizer)
     raw = score(model, tokenizer, prompts, answers, pooling=payload["pooling"])
     torch.testing.assert_close(single, raw / payload["reward_std"])  # normalized by the std

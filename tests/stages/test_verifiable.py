@@ -1,15 +1,18 @@
 """Verifiable rewards end to end on your own data: a GSM8K-format file of made-up problems
 imported, then prepare -> SFT -> collect ranked by the answer checker -> reward model -> GRPO
-rewarded by the checker -> DPO -> evaluate judged by it, through `dvc repro` (tiny config)."""
+rewarded by the checker -> DPO -> evaluate judged by it, through `dvc repro` (tiny config);
+then GRPO again, rewarded by the checker beside the reward model."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from rlhf.data.schemas import PROMPT_SCHEMA, SFT_SCHEMA, read_rows, write_rows
 
-from conftest import clean_env, init_dvc_repo, make_project, sh
+from conftest import clean_env, init_dvc_repo, make_project, sh, write_params
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "gsm8k_tiny.jsonl"  # 48 made-up problems
 CHECK = "check:gsm8k"
@@ -58,6 +61,22 @@ def test_gsm8k_file_runs_the_pipeline_with_the_checker_as_labeler_reward_and_jud
     assert "| policy | accuracy, sampled | 95% interval | accuracy, greedy | pass@1 |" in report
     collected = json.loads((project / "metrics/details/collect.json").read_text())
     assert collected["pairs"] > 0  # right answers ranked above wrong ones
+
+    # the checker in an ensemble beside the reward model, weighted 1 and 0: the very same
+    # rewards reach GRPO through the ensemble, and it trains to the same weights
+    policy = project / "artifacts/grpo/model.pt"
+    trained = torch.load(policy, weights_only=True)["model"]
+    ensemble = {
+        "rl.reward": "ensemble",
+        "rl.ensemble": [CHECK],
+        "rl.ensemble_reduce": "weighted_sum",
+        "rl.ensemble_weights": [0.0, 1.0],  # the reward model's, then the checker's
+    }
+    write_params(project, VERIFIABLE | ensemble)
+    sh(["dvc", "repro", "rl@grpo"], project)
+    retrained = torch.load(policy, weights_only=True)["model"]
+    assert trained.keys() == retrained.keys()
+    assert all(torch.equal(trained[key], retrained[key]) for key in trained)
 
     # a held-out prompt without its reference: refused before any model loads, naming the row
     heldout = project / "data/prepared/prompts_heldout.parquet"

@@ -7,12 +7,20 @@ import torch
 from rlhf import reward_sources
 from rlhf.algorithms.answer_check import EXTRACTORS
 from rlhf.algorithms.rules import PAIR_RULES, RULES, shorter
-from rlhf.algorithms.scorers import BUILDERS, CheckScorer, PairRuleJudge, PreferenceJudge
+from rlhf.algorithms.scorers import (
+    BUILDERS,
+    CheckScorer,
+    EnsembleScorer,
+    PairRuleJudge,
+    PreferenceJudge,
+    RuleScorer,
+)
 from rlhf.eval.answers import ScoredAnswers
 from rlhf.eval.summary import win_rates
 from rlhf.eval.win_rates import compare_outcomes
 from rlhf.params import ParamsError, parse_params
-from rlhf.reward_sources import JUDGES, KINDS, LABELER, REWARD, parse
+from rlhf.project.folders import tracked_folders
+from rlhf.reward_sources import ENSEMBLE, JUDGES, KINDS, LABELER, REWARD, parse
 
 
 def test_every_kind_but_the_gold_judge_and_people_has_a_builder():
@@ -33,6 +41,61 @@ def test_the_checker_scores_each_answer_against_its_prompts_reference():
     assert scores.tolist() == pytest.approx([1.0, 0.1, 0.0, 1.0])  # right, format kept, none
     with pytest.raises(ValueError, match=r"no reference answer to check against for 'Greet Bob\.'"):
         checker(["Greet Bob."], ["Hello, Bob!"])
+
+
+def test_an_ensemble_sums_a_checker_with_another_score_by_its_weights():
+    """`rl.ensemble_reduce: weighted_sum`: a right final answer counts beside what the other
+    member scores; `min` and `mean` reduce the same scores as they did."""
+    prompts = ["Compute 6 + 7."] * 3
+    answers = ["6 + 7 = 13.", "6 + 7 = 12.", "thirteen"]
+    members = [
+        RuleScorer(lambda p, a: -0.5 * len(a.split())),
+        CheckScorer({prompts[0]: "13"}, "last_number"),
+    ]
+    # word counts 5, 5, 1 -> the rule's -2.5, -2.5, -0.5; the checker's 1, 0, 0
+    summed = EnsembleScorer(members, "weighted_sum", weights=(0.5, 2.0))(prompts, answers)
+    assert summed.tolist() == pytest.approx([-1.25 + 2.0, -1.25, -0.25])
+    assert EnsembleScorer(members, "min")(prompts, answers).tolist() == [-2.5, -2.5, -0.5]
+    assert EnsembleScorer(members, "mean")(prompts, answers).tolist() == [-0.75, -1.25, -0.25]
+    with pytest.raises(ValueError, match="1 weights for 2 scorers"):
+        EnsembleScorer(members, "weighted_sum", weights=(1.0,))(prompts, answers)
+
+
+def test_ensemble_params_are_refused_where_they_cannot_mean_what_they_say():
+    with pytest.raises(ParamsError, match=r"needs reward sources in rl\.ensemble \(rm:PATH"):
+        parse_params({"rl": {"reward": "ensemble"}})
+    summed = {"reward": "ensemble", "ensemble": ["rm:old.pt", "rule:contains_number"]}
+    with pytest.raises(ParamsError, match=r"must hold 3 weights .* the reward model's, then one "
+                       r"for each of the 2 rl.ensemble entries"):  # fmt: skip
+        parse_params({"rl": summed | {"ensemble_reduce": "weighted_sum"}})
+    with pytest.raises(ParamsError, match=r"rl.ensemble_weights = \[1.0, 2.0\] is read only by "
+                       r"rl.ensemble_reduce: weighted_sum, not 'min'"):  # fmt: skip
+        parse_params({"rl": summed | {"ensemble_weights": [1.0, 2.0]}})
+    with pytest.raises(ParamsError, match=r"rl.ensemble: 'old.pt' is not 'rm:PATH'"):
+        parse_params({"rl": {"reward": "ensemble", "ensemble": ["old.pt"]}})
+    weighted = {"ensemble_reduce": "weighted_sum", "ensemble_weights": [1.0, 0.5, 2.0]}
+    params = parse_params({"rl": summed | weighted})
+    assert [(m.kind.name, m.argument) for m in params.ensemble()] == [
+        ("checkpoint", "old.pt"),
+        ("rule", "contains_number"),
+    ]
+    assert [str(f) for f in tracked_folders(params)["rl"]] == ["old.pt"]  # a DVC dep
+    # a checker among them needs references, as the reward itself would
+    checked = {"reward": "ensemble", "ensemble": ["check:last_number"]}
+    with pytest.raises(ParamsError, match=r"rl.ensemble names 'check:last_number', whose "):
+        parse_params({"rl": checked})
+    add_only = parse_params({"rl": checked, "data": {"tasks": ["add"]}})
+    assert add_only.checked() == [(ENSEMBLE, "check:last_number")]
+    own_data = {"source": "files"}  # where no gold judge can score the prompts
+    gold_member = {"reward": "ensemble", "ensemble": ["rule:gold"]}
+    with pytest.raises(ParamsError, match=r"rl.ensemble: 'rule:gold' needs the task suite's gold "
+                       r"judge.*remove it from rl.ensemble"):  # fmt: skip
+        parse_params(
+            {"rl": gold_member, "data": own_data, "collect": {"labeler": "human"},
+             "evaluate": {"judges": ["rm"]}}
+        )  # fmt: skip
+    # entries are read only for `reward: ensemble`
+    assert parse_params({"rl": {"ensemble": ["old.pt"]}}).ensemble() == []
 
 
 def test_a_checker_on_tasks_whose_answers_it_cannot_read_is_refused_by_params():
@@ -72,6 +135,9 @@ def test_an_overlong_buffer_as_long_as_the_answers_is_refused():
         ("pairwise: rule: shorter", JUDGES, "pairwise_rule", "shorter"),
         ("check: gsm8k", REWARD, "check", "gsm8k"),
         ("check:boxed", JUDGES, "check", "boxed"),
+        ("rm:runs/old.pt", ENSEMBLE, "checkpoint", "runs/old.pt"),
+        ("check:last_number", ENSEMBLE, "check", "last_number"),
+        ("hf:models/rm", ENSEMBLE, "hf", "models/rm"),
     ],
 )
 def test_values_are_read_as_their_kind(value, key, kind, argument):
@@ -96,6 +162,10 @@ def test_values_are_read_as_their_kind(value, key, kind, argument):
         ("pairwise:rule:longer", JUDGES, "names no pairwise rule; the pairwise rules are "
          "'pairwise:rule:shorter'"),
         ("rule:shorter", JUDGES, "names no rule; the rules are 'rule:contains_number'"),
+        # an ensemble entry is a source too: a bare checkpoint path says what it should be
+        ("runs/old.pt", ENSEMBLE, "rl.ensemble: 'runs/old.pt' is not 'rm:PATH', 'hf:DIR', "
+         "'rule:NAME' or 'check:EXTRACTOR'"),
+        ("ensemble", ENSEMBLE, "is not 'rm:PATH'"),
     ],
 )  # fmt: skip
 def test_what_a_key_does_not_accept_is_refused_with_what_it_does(value, key, message):

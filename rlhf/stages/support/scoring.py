@@ -9,6 +9,7 @@ from typing import Any
 
 from rlhf.algorithms.scorers import ScoringContext
 from rlhf.data.rows import DataError
+from rlhf.params.groups import RLParams
 from rlhf.project import paths
 from rlhf.project.folders import require_tracked
 from rlhf.reward_sources import Source
@@ -17,17 +18,26 @@ from rlhf.stages.support.context import StageRun
 
 def scoring_context(
     stage: StageRun,
-    ensemble: Sequence[str | Path] = (),
-    ensemble_reduce: str = "min",
     references: Mapping[str, str | None] | None = None,
-    format_reward: float = 0.0,
+    rl: RLParams | None = None,
 ) -> ScoringContext:
     """What the stage's scorers are built from: its tokenizer and device, the pipeline's
-    reward model, (for the RL stage, the one that reads rl.ensemble) the ensemble, and the
-    prompts' reference answers that `check:EXTRACTOR` compares with (`prompt_references`)."""
+    reward model, the prompts' reference answers that `check:EXTRACTOR` compares with
+    (`prompt_references`) and, for the RL stage (`rl`, its params group), the ensemble and
+    the checker's format reward."""
+    ensemble = (
+        {}
+        if rl is None
+        else {
+            "ensemble": stage.params.ensemble(),
+            "ensemble_reduce": rl.ensemble_reduce,
+            "ensemble_weights": rl.ensemble_weights,
+            "format_reward": rl.format_reward,
+        }
+    )
     return ScoringContext(
-        stage.tokenizer, stage.device, paths.RM_MODEL, ensemble, ensemble_reduce,
-        stage.frozen_bf16, references or {}, format_reward,
+        stage.tokenizer, stage.device, paths.RM_MODEL, frozen_bf16=stage.frozen_bf16,
+        references=references or {}, **ensemble,
     )  # fmt: skip
 
 

@@ -115,7 +115,7 @@ def test_cross_field_rules():
         parse_params({"model": {"init": "models/qwen3"}})
     with pytest.raises(ParamsError, match=r"needs tokenizer.kind: bpe, bytes or tiktoken"):
         parse_params({"tokenizer": {"kind": "pretrained"}})
-    with pytest.raises(ParamsError, match=r"needs checkpoints in rl\.ensemble"):
+    with pytest.raises(ParamsError, match=r"needs reward sources in rl\.ensemble"):
         parse_params({"rl": {"reward": "ensemble"}})
 
 
