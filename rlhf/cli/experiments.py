@@ -4,6 +4,7 @@ compare` (every run against the seed spread) and `rlhf params` (every hyperparam
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +16,7 @@ from rlhf.errors import OptionError
 from rlhf.params import describe, parse_params
 from rlhf.params.schema import lookup
 from rlhf.project import paths
+from rlhf.project.drift import DEFAULT_STDS
 from rlhf.stages.support.common import console
 from rlhf.stages.support.entry import print_error
 
@@ -63,12 +65,30 @@ def warn_of_uncommitted_params(root: Path) -> None:
 @command()
 def compare(
     as_json: Annotated[bool, typer.Option("--json", help="The comparison as JSON.")] = False,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="A committed `rlhf compare --json` file (docs/seeds.json is the default's): "
+            "read the workspace's run against its seed spread instead, a canary's verdict."
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(help="With --baseline: the band's half-width in standard deviations.", min=0),
+    ] = DEFAULT_STDS,
 ) -> None:
     """The headline numbers of every run in this repository (the workspace and each DVC
     experiment) against their spread over the runs of the params HEAD commits at other seeds:
     mean ± standard deviation, and each other run's value marked `~` when it lies within two
     standard deviations of that mean (noise), `!` when outside. A workspace whose params.yaml
-    differs from HEAD's (`dvc exp run -S` without `--temp`) is one of those other runs."""
+    differs from HEAD's (`dvc exp run -S` without `--temp`) is one of those other runs.
+
+    With --baseline, the workspace's run alone against that file's spread: a table (number,
+    baseline mean ± std, this run, verdict) and exit status 1 when any number drifted outside
+    mean ± tolerance std (each std at least 0.01), as the scheduled pipeline's canary fails."""
+    if baseline is not None:
+        compare_with_baseline(baseline, tolerance, as_json)
+        return
     from rlhf.eval.seeds import NOISE_STDS, spreads
     from rlhf.project.experiments import committed_params, recorded_runs, split_by_seed
 
@@ -115,6 +135,22 @@ def compare(
     show_rows(["metric", *header], rows)
 
 
+def compare_with_baseline(baseline: Path, tolerance: float, as_json: bool) -> None:
+    """`rlhf compare --baseline`: the workspace's run against a baseline's spread."""
+    from rlhf.project import drift
+
+    verdict = drift.check(Path.cwd(), baseline, tolerance)
+    if as_json:
+        typer.echo(json.dumps({"reason": verdict.reason(), "rows": verdict.rows()}, indent=2))
+    else:
+        rows = [list(row.values()) for row in verdict.rows()]
+        show_rows(list(verdict.rows()[0]), rows)
+    if verdict.failures:
+        print_error(verdict.reason())
+        raise typer.Exit(1)
+    console.print(f"compare: {verdict.reason()}", markup=False)
+
+
 @command("params")
 def show_params(
     set_params: Annotated[
@@ -155,6 +191,44 @@ def show_params(
         for key, doc, default in describe()
     ]
     show_rows(["key", "value", "default", "meaning"], rows)
+
+
+@command()
+def verify(
+    stages: Annotated[
+        list[str] | None,
+        typer.Argument(help="Stages to replay as dvc.yaml names them (rl@ppo); all by default."),
+    ] = None,
+) -> None:
+    """A replay certificate: each stage runs again from the inputs dvc.lock records, in a
+    scratch copy of the workspace (the outputs checked out of the DVC cache; your files and
+    cache are not written), and every output's hash is compared with dvc.lock's: one line per
+    output, with the first differing keys of a metrics file. Exit status 0 only when every
+    output is identical; first it says what bit-identity needs and where this machine differs
+    from the recording one."""
+    from rlhf.params import load_params
+    from rlhf.project import verify as replaying
+    from rlhf.stages.support.launch import NPROC_ENV
+
+    root = Path.cwd()
+    threads = load_params(root / paths.PARAMS).threads
+    processes = os.environ.get(NPROC_ENV, "1")  # as the stages will run: a number or `auto`
+    for line in replaying.machine_lines(root, threads, processes):
+        console.print(f"verify: {line}", markup=False)
+    replays = replaying.replay(
+        root, stages or [], lambda stage: console.print(f"verify: replaying {stage}", markup=False)
+    )
+    for replayed in replays:
+        if replayed.not_replayable:
+            typer.echo(f"{replayed.stage}: NOT REPLAYED: {replayed.not_replayable}")
+        for output in replayed.outputs:
+            typer.echo(f"{replayed.stage}: {output.line()}")
+    differing = [r.stage for r in replays if not r.identical]
+    if differing:
+        print_error(f"not identical to dvc.lock's record: {', '.join(differing)}")
+        raise typer.Exit(1)
+    outputs = sum(len(r.outputs) for r in replays)
+    console.print(f"verify: all {outputs} outputs of {len(replays)} stages identical", markup=False)
 
 
 @command()

@@ -14,6 +14,7 @@ import typer
 from rlhf.cli.app import command, results
 from rlhf.errors import USER_ERROR, OutputError
 from rlhf.project import paths
+from rlhf.project.drift import DEFAULT_STDS
 from rlhf.stages.support.common import console
 from rlhf.stages.support.entry import print_error
 
@@ -113,6 +114,17 @@ def run_pipeline(
         ),
     ] = False,
     retries: Annotated[int, typer.Option(min=0, help="Retries per stage; training resumes.")] = 1,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="A canary: a committed `rlhf compare --json` file (docs/seeds.json is the "
+            "default's); the run fails, exit status 1, when a headline number leaves its "
+            "seed spread by more than --tolerance standard deviations."
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float, typer.Option(min=0, help="With --baseline: the band, in standard deviations.")
+    ] = DEFAULT_STDS,
 ) -> None:
     """The whole pipeline through the Prefect flow `rlhf-pipeline`; up-to-date stages are
     skipped as by `dvc repro`. Uses the Prefect server in PREFECT_API_URL (or the active
@@ -127,6 +139,8 @@ def run_pipeline(
         containerized=containerized,
         experiment=experiment,
         retries=retries,
+        baseline=str(baseline) if baseline else None,
+        tolerance_stds=tolerance,
         return_state=True,
     )
     if not state.is_completed():  # refused: a problem the user fixes (2); else a failure (1)

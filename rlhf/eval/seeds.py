@@ -69,10 +69,40 @@ class Spread:
         every seed gave (std 0, the mean rounded off it) is noise, not a change."""
         return abs(value - self.mean) <= NOISE_STDS * self.std + ROUNDING
 
-    def band(self) -> tuple[float, float]:
-        """Where another CPU's run of the same params must land (OTHER_CPU_STDS)."""
-        width = OTHER_CPU_STDS * max(self.std, MIN_STD)
+    def band(self, stds: float = OTHER_CPU_STDS) -> tuple[float, float]:
+        """Where a run of the same params must land: within `stds` standard deviations of
+        the mean, each at least MIN_STD (by default where another CPU's run must)."""
+        width = stds * max(self.std, MIN_STD)
         return self.mean - width, self.mean + width
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One headline number of a run read against its spread over a baseline's seeds."""
+
+    key: str  # `eval/ppo:win`
+    spread: Spread
+    value: float | None  # None: the run lacks it
+    stds: float  # the band's half-width, in the spread's standard deviations
+
+    @property
+    def within(self) -> bool:
+        low, high = self.spread.band(self.stds)
+        return self.value is not None and low - ROUNDING <= self.value <= high + ROUNDING
+
+    def failure(self) -> str:
+        """Why it is not within, in a few words."""
+        if self.value is None:
+            return f"{self.key}: missing from this run's metrics"
+        low, high = self.spread.band(self.stds)
+        return f"{self.key}: {self.value:.4f} outside {low:.4f} – {high:.4f}"
+
+
+def read_against(
+    numbers: Mapping[str, float], spread: Mapping[str, Spread], stds: float
+) -> list[Reading]:
+    """Every number of the spread, as this run has it, against its band."""
+    return [Reading(key, s, numbers.get(key), stds) for key, s in spread.items()]
 
 
 def spreads(runs: Sequence[Mapping[str, float]]) -> dict[str, Spread]:

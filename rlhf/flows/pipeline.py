@@ -50,7 +50,7 @@ from rlhf.flows.repository import (
 )
 from rlhf.flows.stage_names import StageName
 from rlhf.params import ParamsError
-from rlhf.project import paths
+from rlhf.project import drift, paths
 from rlhf.project.metric_files import read_metrics
 from rlhf.project.overrides import set_params
 from rlhf.project.specs import filed_as
@@ -59,6 +59,7 @@ from rlhf.stages.support.launch import NPROC_ENV
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
 REFUSED = "Refused"  # state name of a stage that reported an error the user must fix
+DRIFTED = "Drifted"  # state name of a canary run whose numbers left the baseline's band
 
 
 def stages_for(target: str, root: Path) -> list[str]:
@@ -219,6 +220,34 @@ class PipelineRun:
     nproc: str | None
 
 
+@dataclass(frozen=True)
+class Canary:
+    """A run that fails when its headline numbers drift from a baseline (`drift.py`)."""
+
+    baseline: Path  # a committed `rlhf compare --json` file, relative to the repository
+    stds: float  # the band's half-width in the baseline's standard deviations
+
+    def refuse_early(self, root: Path, stages: list[str]) -> None:
+        """Before any stage runs: the baseline must be readable, and the run must evaluate
+        (the headline numbers are the evaluation's and the reward model's)."""
+        if "evaluate" not in stages:
+            raise ParamsError(
+                f"baseline {self.baseline}: a canary reads the evaluation's numbers, so the "
+                "target must be evaluate"
+            )
+        drift.read_baseline(root / self.baseline)
+
+    def verdict(self, root: Path) -> State | None:
+        """The run's numbers against the baseline, as the table artifact `rlhf-drift`; a
+        Failed state named "Drifted" saying what drifted, or None when nothing did."""
+        found = drift.check(root, self.baseline, self.stds)
+        create_table_artifact(key="rlhf-drift", table=found.rows(), description=found.reason())
+        if found.failures:
+            return Failed(name=DRIFTED, message=found.reason())
+        get_run_logger().info("canary: %s", found.reason())
+        return None
+
+
 @flow(name="rlhf-pipeline")
 def pipeline(
     target: StageName = StageName["evaluate"],
@@ -230,6 +259,8 @@ def pipeline(
     start_timeout_s: float = 900,
     stage_timeout_s: float = 86400,
     nproc: str | None = None,
+    baseline: str | None = None,
+    tolerance_stds: float = drift.DEFAULT_STDS,
 ) -> State | None:
     """Every stage up to `target` in DVC order; the first that fails ends the run.
 
@@ -244,25 +275,34 @@ def pipeline(
     wait_for_repository_s: how long to wait while another pipeline run holds this
         repository (None: until it ends).
     nproc: data-parallel processes of each training stage (`rlhf-stage`'s parameter).
+    baseline: a canary: a committed `rlhf compare --json` file (docs/seeds.json is the
+        default's); the run ends Failed, named "Drifted", when a headline number leaves the
+        baseline's mean ± `tolerance_stds` standard deviations, with the table artifact
+        `rlhf-drift` (number, baseline mean ± std, this run, verdict) either way.
     """
     root = Path.cwd()
     run = PipelineRun(containerized, retries, start_timeout_s, stage_timeout_s, nproc)
+    canary = Canary(Path(baseline), tolerance_stds) if baseline else None
     last_stage, changes = StageName(target).value, list(overrides or [])
     try:
         with one_run_per_repository(root, wait_for_repository_s):
             if experiment:
-                return experiment_run(root, last_stage, changes, run)
+                return experiment_run(root, last_stage, changes, run, canary)
             set_params(root / paths.PARAMS, changes)
             stages = stages_for(last_stage, root)
+            if canary:
+                canary.refuse_early(root, stages)
             if failed := run_stages(stages, Path("."), run):
                 return failed
             publish_evaluation(stages, root)
+            return canary.verdict(root) if canary else None
     except PipelineError as error:  # bad params, a git or DVC step, a busy repository
         return Failed(name=REFUSED, message=str(error))
-    return None
 
 
-def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineRun) -> State | None:
+def experiment_run(
+    root: Path, target: str, overrides: list[str], run: PipelineRun, canary: Canary | None
+) -> State | None:
     """A scheduled run: the code fetched, the stages run in a checkout of its own (whose
     outputs were pulled from the DVC remote first), the outcome pushed and saved as an
     experiment. A run that fails still pushes what its finished stages made, so the next
@@ -279,6 +319,8 @@ def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineR
         if remote:
             pull_inputs(checkout)
         stages = stages_for(target, checkout)
+        if canary:
+            canary.refuse_early(checkout, stages)
         if failed := run_stages(stages, checkout.relative_to(root), run):
             if remote:
                 push_what_finished(checkout)
@@ -288,9 +330,9 @@ def experiment_run(root: Path, target: str, overrides: list[str], run: PipelineR
         recorded = record_experiment(checkout, name, root)
         logger.info("experiment %s (%s) recorded in %s", name, recorded[:7], root)
         publish_evaluation(stages, checkout, Experiment(name, recorded, baseline))
+        return canary.verdict(checkout) if canary else None
     finally:
         remove_checkout(checkout)
-    return None
 
 
 def push_what_finished(checkout: Path) -> None:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from rlhf.cpu import cpu_signature
 from rlhf.errors import OutputError
-from rlhf.eval.seeds import OTHER_CPU_STDS, Spread, compared_numbers
-from rlhf.project.experiments import read_run
+from rlhf.eval.seeds import OTHER_CPU_STDS
+from rlhf.project.drift import check as check_drift
 
 COMMITTED_CPU = Path("docs/committed-cpu.json")  # the CPU the committed outputs come from
 SEEDS = Path("docs/seeds.json")  # `rlhf compare --json` of the default at several seeds
@@ -65,36 +65,18 @@ def other_cpu_line(root: Path) -> str | None:
     )
 
 
-def out_of_spread(numbers: dict[str, float], spread: dict[str, Spread]) -> list[str]:
-    """A line for each committed headline number this run lacks or puts outside its band."""
-    failures = []
-    for key, s in spread.items():
-        low, high = s.band()
-        value = numbers.get(key)
-        if value is None:
-            failures.append(f"{key}: missing from this run's metrics")
-        elif not low <= value <= high:
-            failures.append(f"{key}: {value:.4f} outside {low:.4f} – {high:.4f}")
-    return failures
-
-
 def spread_table(root: Path) -> tuple[list[str], list[str]]:
     """Every headline number of the run in `root` against the committed seeds' band: the
     table's lines, and the numbers outside."""
     committed = json.loads((root / SEEDS).read_text())
-    spread = {key: Spread(**value) for key, value in committed["spread"].items()}
-    _, metrics = read_run(
-        lambda path: (root / path).read_text() if (root / path).exists() else "{}"
-    )
-    numbers = compared_numbers(metrics)  # a file the run lacks: each of its numbers missing
+    drift = check_drift(root, SEEDS, OTHER_CPU_STDS)
     seeds = len(committed["seeds"])
     lines = [f"{'number':<40} {'this run':>9}  band ({seeds} seeds' mean ± {OTHER_CPU_STDS:g} std)"]
-    for key, s in spread.items():
-        low, high = s.band()
-        value = numbers.get(key)
-        shown = "–" if value is None else f"{value:.4f}"
-        lines.append(f"{key:<40} {shown:>9}  {low:.4f} – {high:.4f}")
-    return lines, out_of_spread(numbers, spread)
+    for reading in drift.readings:
+        low, high = reading.spread.band(OTHER_CPU_STDS)
+        shown = "–" if reading.value is None else f"{reading.value:.4f}"
+        lines.append(f"{reading.key:<40} {shown:>9}  {low:.4f} – {high:.4f}")
+    return lines, drift.failures
 
 
 def check(root: Path) -> Verdict:

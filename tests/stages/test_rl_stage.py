@@ -39,8 +39,8 @@ STEP_COLUMNS = {
 CRITIC_COLUMNS = {"value_loss", "value_clip_fraction", "explained_variance"}
 TIMING = {"rollout_tokens_per_s", "update_tokens_per_s", "rollout_s", "scoring_s", "update_s"}
 TIMING_SUMMARY = {
-    "threads", "rollout_tokens_per_s", "update_tokens_per_s", "seconds_rollout",
-    "seconds_scoring", "seconds_update",
+    "threads", "processes", "cpu", "rollout_tokens_per_s", "update_tokens_per_s",
+    "seconds_rollout", "seconds_scoring", "seconds_update",
 }  # fmt: skip
 
 

@@ -35,11 +35,13 @@ from typer.testing import CliRunner
 
 from rlhf.cli import app
 from rlhf.dvcfile import declared_stages
+from rlhf.eval.seeds import compared_numbers
 from rlhf.flows.dispatch import run_stage_deployment
 from rlhf.flows.lock import HOLDING, RELEASED
-from rlhf.flows.pipeline import REFUSED, SKIPPED, pipeline, stage_flow
+from rlhf.flows.pipeline import DRIFTED, REFUSED, SKIPPED, pipeline, stage_flow
 from rlhf.flows.stage_names import stage_names
 from rlhf.params.groups import RL_ALGORITHMS
+from rlhf.project.experiments import read_run
 
 from conftest import REPO, clean_env, prefect_env, sh, shared_project
 
@@ -157,6 +159,61 @@ def test_a_ppo_override_reruns_ppo_and_what_follows(in_copy):
     assert "rl@ppo: [" in messages  # the stage's own sample answers
 
 
+def own_baseline(project: Path) -> Path:
+    """The project's own headline numbers as a baseline of one seed (`rlhf compare --json`'s
+    layout): std 0, so a number must stay within 4 x 0.01 of its value."""
+    _, metrics = read_run(lambda path: (project / path).read_text())
+    numbers = compared_numbers(metrics)
+    spread = {
+        k: {"mean": v, "std": 0.0, "low": v, "high": v, "seeds": 1} for k, v in numbers.items()
+    }
+    path = project / "baseline.json"
+    path.write_text(json.dumps({"spread": spread}))
+    return path
+
+
+def compare_with(baseline: Path, project: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlhf.cli", "compare", "--baseline", baseline.name],
+        cwd=project, env=clean_env(), capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_a_canary_run_fails_when_a_headline_number_leaves_the_baselines_band(in_copy):
+    """The canary at the baseline's params completes; a change that moves PPO (no KL penalty,
+    a large step) fails it, named Drifted, with the drifted numbers in its message and the
+    table artifact; `rlhf compare --baseline` agrees, by its exit status."""
+    baseline = own_baseline(in_copy)
+    same = pipeline(baseline=baseline.name, return_state=True)
+    assert same.is_completed(), same.message
+    assert set(stage_states(same).values()) == {SKIPPED}
+    passed = compare_with(baseline, in_copy)
+    assert passed.returncode == 0, passed.stderr
+    assert "within 4 std of the baseline baseline.json on every number" in passed.stderr
+
+    moved = pipeline(
+        overrides=["ppo.kl_coef=0.0", "+ppo.lr=0.01"], baseline=baseline.name, return_state=True
+    )
+    assert moved.is_failed() and moved.name == DRIFTED
+    assert moved.message.startswith("drifted from the baseline baseline.json (4 std): eval/ppo:")
+    with get_client(sync_client=True) as client:
+        (table,) = [a for a in client.read_artifacts(flow_run_filter=this_run(moved))
+                    if a.key == "rlhf-drift"]  # fmt: skip
+    rows = json.loads(table.data)
+    drifted = {row["number"] for row in rows if row["verdict"] == "drift"}
+    assert drifted and all(key.startswith("eval/ppo:") for key in drifted)  # PPO alone moved
+    assert all(f"{key}:" in moved.message for key in drifted)
+    failed = compare_with(baseline, in_copy)
+    assert failed.returncode == 1 and moved.message in failed.stderr
+
+    # refused before any stage runs: a baseline that is not there, a run that does not evaluate
+    missing = pipeline(baseline="nowhere.json", return_state=True)
+    assert missing.name == REFUSED and "nowhere.json: no such baseline file" in missing.message
+    assert stage_states(missing) == {}
+    short = pipeline(target="rm", baseline=baseline.name, return_state=True)
+    assert short.name == REFUSED and "the target must be evaluate" in short.message
+
+
 def test_a_target_stops_the_pipeline_there(in_project):
     state = pipeline(target="rm", return_state=True)
     assert state.is_completed(), state.message
@@ -270,7 +327,7 @@ def test_pipeline_deployment_schedule_and_parameters_come_from_prefect_yaml(work
     assert deployment.parameters == {
         "target": "evaluate", "overrides": [], "containerized": True, "experiment": True,
         "retries": 1, "wait_for_repository_s": 43200, "start_timeout_s": 900,
-        "stage_timeout_s": 86400, "nproc": "auto",
+        "stage_timeout_s": 86400, "nproc": "auto", "baseline": None, "tolerance_stds": 4.0,
     }  # fmt: skip
     assert stage.parameters["nproc"] == "auto"  # one training process per GPU of the container
     assert deployment.entrypoint == "rlhf/flows/pipeline.py:pipeline"
