@@ -24,11 +24,11 @@ from typing import Any
 
 import networkx as nx
 from dvc.repo import Repo
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import FlowRun, TaskRun
-from prefect.context import get_run_context
+from prefect.context import FlowRunContext, get_run_context
 from prefect.states import Completed, Failed, State
 
 from rlhf.errors import PipelineError
@@ -56,6 +56,7 @@ from rlhf.project.overrides import set_params
 from rlhf.project.specs import filed_as
 from rlhf.stages.support.entry import ERROR_PREFIX, FAILED_PREFIX
 from rlhf.stages.support.launch import NPROC_ENV
+from rlhf.stages.support.tracking import PIPELINE_RUN_ENV
 
 SKIPPED = "Skipped"  # state name of a stage DVC found up to date
 REFUSED = "Refused"  # state name of a stage that reported an error the user must fix
@@ -122,6 +123,17 @@ def retry_unless_refused(task: object, task_run: TaskRun, state: State) -> bool:
     return state.name != REFUSED
 
 
+def pipeline_run_id() -> str:
+    """The pipeline flow run a stage belongs to, which names its parent run in a tracker: the
+    flow run of this task, or for a run of the stage deployment that a pipeline started (in
+    its container), that pipeline's, the flow run of the task that started it."""
+    flow_run = FlowRunContext.get().flow_run
+    if flow_run.parent_task_run_id is None:
+        return str(flow_run.id)
+    with get_client(sync_client=True) as client:
+        return str(client.read_task_run(flow_run.parent_task_run_id).flow_run_id)
+
+
 @task(task_run_name="{stage}", cache_policy=NO_CACHE, retry_condition_fn=retry_unless_refused)
 def dvc_stage(stage: str, workdir: Path, nproc: str | None = None) -> State:
     """`dvc repro --single-item <stage>` in `workdir`, its output streamed into the task's log;
@@ -135,7 +147,7 @@ def dvc_stage(stage: str, workdir: Path, nproc: str | None = None) -> State:
     logger = get_run_logger()
     command = ["dvc", "repro", "--single-item", stage]
     ran, errors, failures = False, [], []
-    env = os.environ | ({NPROC_ENV: nproc} if nproc else {})
+    env = os.environ | ({NPROC_ENV: nproc} if nproc else {}) | {PIPELINE_RUN_ENV: pipeline_run_id()}
     with subprocess.Popen(
         command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, bufsize=1,

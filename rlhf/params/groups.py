@@ -607,6 +607,21 @@ class EvaluateParams:
 
 
 @dataclass(frozen=True)
+class TrackingParams:
+    """Where a stage's run goes besides dvclive. No stage depends on this group: tracking
+    changes no output, so setting it reruns nothing (`dvc repro --force` logs a run again)."""
+
+    mlflow: str = spec(
+        "",
+        "An MLflow tracking URI (`http://host:5000`): each stage that runs logs its params, "
+        "headline metrics, curves and the report to an MLflow run, under one parent run per "
+        "pipeline run; the environment's RLHF_MLFLOW_TRACKING_URI overrides it. Empty: off "
+        "(MLflow is not imported). Needs the `[mlflow]` extra.",
+    )
+    experiment: str = spec("rlhf-pipeline", "The MLflow experiment the runs go to.")
+
+
+@dataclass(frozen=True)
 class ParamsFile:
     """params.yaml's top level, declared: the keys every stage shares and every group, in the
     file's order. `Params` (`rlhf/params/__init__.py`) is this with the checks across groups;
@@ -661,4 +676,7 @@ class ParamsFile:
     dpo: DPOParams = field(default_factory=DPOParams, metadata={"doc": "DPO stage."})
     evaluate: EvaluateParams = field(
         default_factory=EvaluateParams, metadata={"doc": "Evaluate stage."}
+    )
+    tracking: TrackingParams = field(
+        default_factory=TrackingParams, metadata={"doc": "Experiment tracking (MLflow)."}
     )

@@ -19,6 +19,7 @@ from rlhf.locks import try_lock
 from rlhf.project import paths
 from rlhf.project.metric_files import headline_view
 from rlhf.project.specs import StageSpec
+from rlhf.stages.support.tracking import track
 
 
 class StageBusy(PipelineError):
@@ -68,6 +69,7 @@ def published(spec: StageSpec) -> Iterator[Publication]:
         missing = sorted(str(p) for p in set(spec.outputs) - staged.targets)
         if missing:
             raise OutputError(f"stage {spec.address} wrote no {', '.join(missing)}")
+    track(spec)  # published: what the tracker logs is the stage's outputs
 
 
 def write_metrics(
