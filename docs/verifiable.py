@@ -2,8 +2,13 @@
 examples/verifiable.params.yaml so its table and sentence cannot go stale.
 
     python docs/verifiable.py --record SEED RUN_ROOT [--seconds S]  # a finished `dvc repro`
-    python docs/verifiable.py                         # rewrite the generated block
-    python docs/verifiable.py --check                 # exit 1 when the block is stale
+    python docs/verifiable.py --record-variant NAME SEED RUN_ROOT --settings 'grpo.k=v ...'
+    python docs/verifiable.py                         # rewrite the generated blocks
+    python docs/verifiable.py --check                 # exit 1 when a block is stale
+
+The second block (`verifiable-variants`) sets GRPO's variants side by side (the example's own
+settings, Dr. GRPO, DAPO, GSPO: the example run again with each one's `-S` settings, recorded by
+`--record-variant` in docs/verifiable-variants.json).
 
 The block sits between `<!-- verifiable:begin -->` and `<!-- verifiable:end -->`: each
 policy's held-out accuracy by the answer checker (mean ± std over the recorded seeds, and each
@@ -25,8 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "docs" / "verifiable-seeds.json"
+VARIANTS = ROOT / "docs" / "verifiable-variants.json"
 PAGE = ROOT / "docs" / "results.md"
-BLOCK = "verifiable"
+BLOCK, VARIANTS_BLOCK = "verifiable", "verifiable-variants"
 JUDGE = "check:last_number"  # the example's checker
 KEYS = ("accuracy", "accuracy_ci95", "accuracy_greedy", "pass_at_k")
 LEARNER, BASELINE = "grpo", "sft"
@@ -41,6 +47,41 @@ def record(seed: str, run_root: Path, seconds: float | None) -> None:
     if seconds is not None:
         runs[seed]["seconds"] = round(seconds)
     RECORDED.write_text(json.dumps(dict(sorted(runs.items())), indent=2) + "\n")
+
+
+def record_variant(name: str, seed: str, run_root: Path, settings: list[str]) -> None:
+    """Add (or replace) one seed of a GRPO variant: its settings and GRPO's checker numbers."""
+    details = json.loads((run_root / "metrics" / "details" / "eval.json").read_text())
+    variants = json.loads(VARIANTS.read_text()) if VARIANTS.exists() else {}
+    entry = variants.setdefault(name, {"settings": settings, "seeds": {}})
+    entry["settings"] = settings
+    entry["seeds"][seed] = {key: details[key][JUDGE][LEARNER] for key in KEYS} | {
+        "kl": details["kl_to_sft"][LEARNER]
+    }
+    VARIANTS.write_text(json.dumps(variants, indent=2) + "\n")
+
+
+def variants_block(variants: Mapping[str, Any]) -> str:
+    """GRPO in each recorded variant (the example's own among them) at the seeds each ran."""
+    seeds = sorted({seed for v in variants.values() for seed in v["seeds"]})
+    header = ["GRPO", "settings", *(f"seed {s}: accuracy (95% interval)" for s in seeds)]
+    header += ["accuracy, greedy", "pass@2", "KL to SFT"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for name, variant in variants.items():
+        measured = variant["seeds"]
+        cells = [name, ", ".join(f"`{s}`" for s in variant["settings"]) or "the file's"]
+        for seed in seeds:
+            if seed not in measured:
+                cells.append("–")
+                continue
+            run, ci = measured[seed], measured[seed]["accuracy_ci95"]
+            cells.append(f"{run['accuracy']:.3f} ({ci['low']:.3f} – {ci['high']:.3f})")
+        runs = measured.values()
+        cells.append(spread([run["accuracy_greedy"] for run in runs]))
+        cells.append(spread([run["pass_at_k"]["2"] for run in runs]))
+        cells.append(spread([run["kl"] for run in runs]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def seed_values(
@@ -100,8 +141,8 @@ def block(runs: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def with_block(text: str, generated: str) -> str:
-    begin, end = f"<!-- {BLOCK}:begin -->", f"<!-- {BLOCK}:end -->"
+def with_block(text: str, generated: str, name: str = BLOCK) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if text.count(begin) != 1 or text.count(end) != 1:
         raise SystemExit(f"{PAGE.name}: needs one {begin} and one {end} line")
     head, rest = text.split(begin)
@@ -113,15 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report a stale block")
     parser.add_argument("--record", nargs=2, metavar=("SEED", "RUN_ROOT"))
     parser.add_argument("--seconds", type=float, help="the recorded run's whole time, run alone")
+    parser.add_argument("--record-variant", nargs=3, metavar=("NAME", "SEED", "RUN_ROOT"))
+    parser.add_argument("--settings", nargs="*", default=[], help="the variant's -S settings")
     args = parser.parse_args(argv)
     if args.record:
         record(args.record[0], Path(args.record[1]), args.seconds)
+    if args.record_variant:
+        name, seed, root = args.record_variant
+        record_variant(name, seed, Path(root), args.settings)
     text = PAGE.read_text()
-    updated = with_block(text, block(json.loads(RECORDED.read_text())))
+    runs = json.loads(RECORDED.read_text())
+    updated = with_block(text, block(runs))
+    if VARIANTS.exists():
+        generated = variants_block(json.loads(VARIANTS.read_text()))
+        updated = with_block(updated, generated, VARIANTS_BLOCK)
     if updated != text:
         if args.check:
-            print(f"{PAGE.name}: the verifiable block differs from {RECORDED.name}: run "
-                  "python docs/verifiable.py")  # fmt: skip
+            print(f"{PAGE.name}: a verifiable block differs from {RECORDED.name} or "
+                  f"{VARIANTS.name}: run python docs/verifiable.py")  # fmt: skip
             return 1
         PAGE.write_text(updated)
     return 0
