@@ -61,27 +61,44 @@ def record_variant(name: str, seed: str, run_root: Path, settings: list[str]) ->
     VARIANTS.write_text(json.dumps(variants, indent=2) + "\n")
 
 
-def variants_block(variants: Mapping[str, Any]) -> str:
-    """GRPO in each recorded variant (the example's own among them) at the seeds each ran."""
+def variants_block(variants: Mapping[str, Any], runs: Mapping[str, Any]) -> str:
+    """GRPO in each recorded variant (the example's own among them) at the seeds each ran,
+    then each variant against the example's GRPO (`runs`, RECORDED) seed by seed."""
     seeds = sorted({seed for v in variants.values() for seed in v["seeds"]})
-    header = ["GRPO", "settings", *(f"seed {s}: accuracy (95% interval)" for s in seeds)]
+    header = ["GRPO", "settings", "accuracy, sampled"]
+    header += [f"seed {s}: accuracy (95% interval)" for s in seeds]
     header += ["accuracy, greedy", "pass@2", "KL to SFT"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, variant in variants.items():
         measured = variant["seeds"]
         cells = [name, ", ".join(f"`{s}`" for s in variant["settings"]) or "the file's"]
+        cells.append(spread([run["accuracy"] for run in measured.values()]))
         for seed in seeds:
             if seed not in measured:
                 cells.append("–")
                 continue
             run, ci = measured[seed], measured[seed]["accuracy_ci95"]
             cells.append(f"{run['accuracy']:.3f} ({ci['low']:.3f} – {ci['high']:.3f})")
-        runs = measured.values()
-        cells.append(spread([run["accuracy_greedy"] for run in runs]))
-        cells.append(spread([run["pass_at_k"]["2"] for run in runs]))
-        cells.append(spread([run["kl"] for run in runs]))
+        each = measured.values()
+        cells.append(spread([run["accuracy_greedy"] for run in each]))
+        cells.append(spread([run["pass_at_k"]["2"] for run in each]))
+        cells.append(spread([run["kl"] for run in each]))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    lines.append("")
+    for name, variant in variants.items():
+        shared = sorted(seed for seed in variant["seeds"] if seed in runs)
+        if not variant["settings"] or not shared:
+            continue
+        gains = [variant["seeds"][s]["accuracy"] - runs[s]["accuracy"][LEARNER] for s in shared]
+        verdict = (
+            "above it at every one" if all(g > 0 for g in gains) else "not above it at every one"
+        )
+        lines.append(
+            f"- {name} against the example's GRPO at the same seed: "
+            + ", ".join(f"{g:+.3f} (seed {s})" for g, s in zip(gains, shared, strict=True))
+            + f"; {verdict}."
+        )
+    return "\n".join(lines).rstrip()
 
 
 def seed_values(
@@ -166,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = json.loads(RECORDED.read_text())
     updated = with_block(text, block(runs))
     if VARIANTS.exists():
-        generated = variants_block(json.loads(VARIANTS.read_text()))
+        generated = variants_block(json.loads(VARIANTS.read_text()), runs)
         updated = with_block(updated, generated, VARIANTS_BLOCK)
     if updated != text:
         if args.check:

@@ -184,9 +184,8 @@ def workspace_files(root: Path) -> list[str]:
 
 
 @contextmanager
-def scratch_copy(root: Path, lock: Mapping[str, Any]) -> Iterator[Path]:
-    """A copy of the workspace with the recorded outputs checked out of root's cache."""
-    cache = cache_dir(root)
+def scratch_copy(root: Path, lock: Mapping[str, Any], cache: Path) -> Iterator[Path]:
+    """A copy of the workspace with the recorded outputs checked out of root's `cache`."""
     with tempfile.TemporaryDirectory(prefix="rlhf-verify-") as folder:
         scratch = Path(folder) / "workspace"
         for name in workspace_files(root):
@@ -226,7 +225,7 @@ def changed_inputs(scratch: Path, stage: str) -> list[str]:
     changed = []
     for entry in status.get(stage, []):
         if isinstance(entry, dict):
-            changed += [str(p) for key in ("changed deps",) for p in entry.get(key, {})]
+            changed += [str(path) for path in entry.get("changed deps", {})]
     return changed
 
 
@@ -238,7 +237,7 @@ def replay(
     stages = stages_to_replay(lock, named)
     cache = cache_dir(root)
     results = []
-    with scratch_copy(root, lock) as scratch:
+    with scratch_copy(root, lock, cache) as scratch:
         for stage in stages:
             progress(stage)
             restore_recorded(scratch, root)

@@ -289,21 +289,23 @@ def test_the_variants_block_sets_each_grpo_variant_beside_the_others_at_its_seed
     text = verifiable.variants_block({
         "example": {"settings": [], "seeds": {"1": variant(0.8, 0.2), "2": variant(0.9, 0.4)}},
         "Dr. GRPO": {"settings": ["grpo.std_normalize=false"], "seeds": {"1": variant(0.7, 0.1)}},
-    })  # fmt: skip
+    }, {"1": checked_run(0.5, 0.8), "2": checked_run(0.5, 0.9)})  # fmt: skip
     lines = text.splitlines()
     assert lines[0] == (
-        "| GRPO | settings | seed 1: accuracy (95% interval) | seed 2: accuracy (95% interval) "
-        "| accuracy, greedy | pass@2 | KL to SFT |"
+        "| GRPO | settings | accuracy, sampled | seed 1: accuracy (95% interval) | seed 2: "
+        "accuracy (95% interval) | accuracy, greedy | pass@2 | KL to SFT |"
     )
     assert row(lines, "example") == [
-        "example", "the file's", "0.800 (0.750 – 0.850)", "0.900 (0.850 – 0.950)",
-        "0.850 ± 0.071", "1.000 ± 0.000", "0.300 ± 0.141",
+        "example", "the file's", "0.850 ± 0.071", "0.800 (0.750 – 0.850)",
+        "0.900 (0.850 – 0.950)", "0.850 ± 0.071", "1.000 ± 0.000", "0.300 ± 0.141",
     ]  # fmt: skip
-    assert row(lines, "Dr. GRPO")[1:4] == [
-        "`grpo.std_normalize=false`",
-        "0.700 (0.650 – 0.750)",
-        "–",
-    ]
+    assert row(lines, "Dr. GRPO")[1:5] == [
+        "`grpo.std_normalize=false`", "0.700", "0.700 (0.650 – 0.750)", "–",
+    ]  # fmt: skip
+    assert lines[-1] == (
+        "- Dr. GRPO against the example's GRPO at the same seed: -0.100 (seed 1); not above it "
+        "at every one."
+    )
 
 
 def test_the_verifiable_block_is_the_recorded_seeds():
