@@ -140,15 +140,15 @@ def compare_with_baseline(baseline: Path, tolerance: float, as_json: bool) -> No
     from rlhf.project import drift
 
     verdict = drift.check(Path.cwd(), baseline, tolerance)
+    rows, reason = verdict.rows(), verdict.reason()
     if as_json:
-        typer.echo(json.dumps({"reason": verdict.reason(), "rows": verdict.rows()}, indent=2))
+        typer.echo(json.dumps({"reason": reason, "rows": rows}, indent=2))
     else:
-        rows = [list(row.values()) for row in verdict.rows()]
-        show_rows(list(verdict.rows()[0]), rows)
+        show_rows(list(rows[0]), [list(row.values()) for row in rows])
     if verdict.failures:
-        print_error(verdict.reason())
+        print_error(reason)
         raise typer.Exit(1)
-    console.print(f"compare: {verdict.reason()}", markup=False)
+    console.print(f"compare: {reason}", markup=False)
 
 
 @command("params")

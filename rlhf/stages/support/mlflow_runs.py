@@ -9,7 +9,6 @@ dvclive with its steps, and the evaluation's report folder as artifacts.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -23,6 +22,7 @@ from rlhf.eval.metric_keys import flattened
 from rlhf.params import Params
 from rlhf.project import paths
 from rlhf.project.specs import StageSpec
+from rlhf.train.curves import read_curve
 
 PIPELINE_TAG = "rlhf.pipeline_run"  # on the parent and every stage's run of a pipeline run
 PARENT_TAG = "rlhf.pipeline_parent"  # on the parent alone: what finds it
@@ -61,11 +61,8 @@ def curves(spec: StageSpec, timestamp: int) -> list[Metric]:
     for folder in (p for p in spec.plots if p.is_dir()):
         for table in sorted(folder.rglob("*.tsv")):
             name = table.relative_to(folder).with_suffix("").as_posix()
-            with table.open() as f:
-                for row in csv.DictReader(f, delimiter="\t"):
-                    value = float(row[table.stem])
-                    if math.isfinite(value):
-                        found.append(Metric(name, value, timestamp, int(row["step"])))
+            points = read_curve(table.parent, table.stem)
+            found += [Metric(name, v, timestamp, step) for step, v in points if math.isfinite(v)]
     return found
 
 
