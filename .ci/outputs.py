@@ -5,8 +5,9 @@
 
 The check is `rlhf reproduced`'s (`rlhf.project.reproduction`): on the CPU that made the
 committed outputs (docs/committed-cpu.json) the run must leave every file git tracks as it is;
-on any other, every headline number must lie within the committed seeds' band, and then the
-committed files are restored, so the tests read what was committed.
+on any other, every headline number must lie within the committed seeds' band (and whether
+the bytes matched all the same is reported), and then the committed files are restored, so
+the tests read what was committed.
 
 Prints which check ran and why; exit status 1 when it fails.
 """
@@ -22,7 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from rlhf.cpu import cpu_signature  # noqa: E402
 from rlhf.project import reproduction  # noqa: E402
 
 
@@ -31,6 +31,8 @@ def check(root: Path) -> int:
     print(f"outputs check: {verdict.check} ({verdict.why})")
     for line in verdict.table:
         print(line)
+    if verdict.bytes:
+        print(verdict.bytes)
     if verdict.check == reproduction.SEED_SPREAD:  # the tests read the committed files
         subprocess.run(["git", "checkout", "--", "."], cwd=root, check=True)
     for failure in verdict.failures:
@@ -43,7 +45,7 @@ def check(root: Path) -> int:
 
 
 def record(root: Path) -> int:
-    signature = cpu_signature()
+    signature = reproduction.signature_here(root)
     path = root / reproduction.COMMITTED_CPU
     path.write_text(json.dumps(signature, indent=2) + "\n")
     print(f"{reproduction.COMMITTED_CPU}: {reproduction.described(signature)}")

@@ -221,16 +221,27 @@ def run_time_markdown(record: Mapping[str, Any] | None) -> list[str]:
     return [said, ""]
 
 
+# What other CPUs write under each `cpu_kernels` choice (docs/concepts.md says what was verified)
+ELSEWHERE = {
+    "portable": "other x86-64 CPU families write the same bytes",
+    "avx2": "other CPUs of the same vendor write the same bytes; another vendor's MKL sums "
+    "matrix products in another order",
+    "native": "only the same CPU model writes the same bytes",
+}
+
+
 def cpu_markdown(signature: Mapping[str, str] | None) -> list[str]:
     """Which CPU made the committed outputs, and what a run on another one should expect."""
     if signature is None:
         return []
+    kernels = signature.get("kernels", "native")
     return [
-        f"**Made on** {signature['model']} ({signature['torch_dispatch']}, torch "
-        f"{signature['torch']}; `docs/committed-cpu.json`). On another CPU family float rounding "
-        "differs from the first step and training compounds it: the README's run there rewrites "
-        "the outputs with other numbers, as another seed would. `rlhf reproduced` checks that "
-        "each headline number lies within the seed spread below; CI runs the same check.",
+        f"**Made on** {signature['model']} (`cpu_kernels: {kernels}`, torch {signature['torch']}; "
+        f"`docs/committed-cpu.json`): {ELSEWHERE[kernels]} (docs/concepts.md, reproducibility "
+        "guarantees). Where a run's bytes differ, training compounds the difference from the "
+        "first step into other numbers, as another seed would: `rlhf reproduced` checks that "
+        "each headline number lies within the seed spread below. CI runs the same check and "
+        "says whether the bytes matched.",
         "",
     ]
 

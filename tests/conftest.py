@@ -16,12 +16,18 @@ import pytest
 import torch
 import yaml
 
+from rlhf.cpu import pin_kernels
 from rlhf.models import checkpoint
 from rlhf.models.gpt import GPT, GPTConfig
+from rlhf.params.groups import ParamsFile
 from rlhf.project.metric_files import read_metrics
 from rlhf.tokenizer.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The kernels a stage pins, before any test's first tensor operation: a stage run in a test's
+# own process then computes as one in a stage process does (and finds them pinned already).
+pin_kernels(ParamsFile().cpu_kernels)
 
 TINY_PARAMS = {
     "seed": 7,

@@ -211,9 +211,10 @@ def verify(
     from rlhf.stages.support.launch import NPROC_ENV
 
     root = Path.cwd()
-    threads = load_params(root / paths.PARAMS).threads
+    settings = load_params(root / paths.PARAMS)
     processes = os.environ.get(NPROC_ENV, "1")  # as the stages will run: a number or `auto`
-    for line in replaying.machine_lines(root, threads, processes):
+    lines = replaying.machine_lines(root, settings.threads, settings.cpu_kernels, processes)
+    for line in lines:
         console.print(f"verify: {line}", markup=False)
     replays = replaying.replay(
         root, stages or [], lambda stage: console.print(f"verify: replaying {stage}", markup=False)
@@ -244,6 +245,8 @@ def reproduced() -> None:
     console.print(f"reproduced: checking the {verdict.check} ({verdict.why})", markup=False)
     for line in verdict.table:
         typer.echo(line)
+    if verdict.bytes:
+        console.print(f"reproduced: {verdict.bytes}", markup=False)
     for failure in verdict.failures:
         console.print(f"  {failure}", markup=False)
     if verdict.failures:

@@ -636,12 +636,24 @@ class ParamsFile:
     threads: int = spec(
         2,
         "torch's CPU threads in each model stage's process. The order floats are summed in "
-        "depends on it: the committed results are what any machine of the same CPU family "
-        "reproduces at this count, with at least this many cores for full speed. 0: torch's "
+        "depends on it: the committed results are what any machine reproduces at this count "
+        "(and `cpu_kernels`), with at least this many cores for full speed. 0: torch's "
         "default, the cores (shared out among the processes of an RLHF_NPROC run; fastest, "
         "reproducible only at the same core count). CUDA kernels are unaffected.",
         ge=0,
         le=1024,
+    )
+    cpu_kernels: Literal["avx2", "portable", "native"] = spec(
+        "avx2",
+        "Which CPU kernels each model stage's process may use; like `threads`, they decide the "
+        "order floats are summed in (x86-64 only; CUDA kernels are unaffected). `avx2`: "
+        "torch's and oneDNN's kernels capped at AVX2 and MKL's matrix products on its AVX2 "
+        "branch (on Intel CPUs; AMD ones run MKL's own pick): the same bytes on the CPUs of one "
+        "vendor, at full speed on AVX2 CPUs. `portable`: MKL's COMPATIBLE branch instead, the "
+        "one that computes the same on Intel and AMD, for the same bytes across CPU families; "
+        "about 3 times slower on the default (docs/concepts.md, reproducibility guarantees). "
+        "`native`: each library picks the CPU's fastest (AVX-512, AMX): the same bytes only "
+        "on the same CPU model.",
     )
     tokenizer: TokenizerParams = field(
         default_factory=TokenizerParams, metadata={"doc": "Tokenizer stage."}

@@ -90,20 +90,20 @@ def recording_machine(root: Path) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def machine_lines(root: Path, threads: int, processes: str) -> list[str]:
+def machine_lines(root: Path, threads: int, kernels: str, processes: str) -> list[str]:
     """What a bit-identical replay needs, and where this machine differs from the record."""
     from rlhf.cpu import cpu_signature
 
     lines = [
         "a replay is bit-identical only where the recording run's CPU (its signature: vendor, "
-        f"model, vector instructions, torch's dispatch), torch, `threads` (params.yaml: "
-        f"{threads}) and process count (here {processes}) are the same"
+        f"model, vector instructions), `cpu_kernels` (params.yaml: {kernels}), torch, "
+        f"`threads` (params.yaml: {threads}) and process count (here {processes}) are the same"
     ]
     recorded = recording_machine(root)
     if recorded is None:
         return [*lines, "no record of the machine that made the outputs: cannot tell"]
     where, machine = recorded
-    here = cpu_signature() | {"processes": processes}
+    here = cpu_signature(kernels) | {"processes": processes}
     differs = [
         f"{key} {machine[key]} there, {here.get(key)} here"
         for key in machine

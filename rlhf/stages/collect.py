@@ -62,7 +62,7 @@ from rlhf.synthetic.collection import (
 SPEC = StageSpec(
     "collect",
     "rlhf.stages.collect",
-    params=("seed", "device", "threads", "memory", "collect"),
+    params=("seed", "device", "threads", "cpu_kernels", "memory", "collect"),
     inputs=(paths.RAW, paths.PROMPTS_TRAIN, paths.SFT_TRAIN, paths.TOKENIZER, paths.SFT_MODEL),
     outs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL),
     # what it measured (pairs, label flips, ...) describes its data, not a result to compare:

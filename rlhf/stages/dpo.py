@@ -35,7 +35,7 @@ LOGPS = ("chosen_logp", "rejected_logp")
 SPEC = StageSpec(
     "dpo",
     "rlhf.stages.dpo",
-    params=("seed", "device", "threads", "memory", "train", "dpo"),
+    params=("seed", "device", "threads", "cpu_kernels", "memory", "train", "dpo"),
     inputs=(paths.COMPARISONS_TRAIN, paths.COMPARISONS_VAL, paths.TOKENIZER, paths.SFT_MODEL),
     **trained_outputs("dpo", MODEL_HEADLINE),
 )

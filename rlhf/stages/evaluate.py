@@ -72,7 +72,7 @@ TRAINING_CURVES = {"SFT": "sft", "Reward model": "rm", "DPO": "dpo"}  # report t
 SPEC = StageSpec(
     "evaluate",
     "rlhf.stages.evaluate",
-    params=("seed", "device", "threads", "memory", "evaluate", "rl_algorithms"),
+    params=("seed", "device", "threads", "cpu_kernels", "memory", "evaluate", "rl_algorithms"),
     # every policy: the artifacts folder holds the tokenizer, SFT, the reward model, DPO and
     # one folder per RL algorithm, however many rl_algorithms names
     inputs=(

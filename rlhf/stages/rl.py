@@ -66,7 +66,7 @@ TIMING_COLUMNS = ("rollout_tokens_per_s", "update_tokens_per_s", *(f"{k}_s" for 
 SPEC = StageSpec(
     "rl",
     "rlhf.stages.rl",
-    params=("seed", "device", "threads", "memory", "train", "rl", ITEM),
+    params=("seed", "device", "threads", "cpu_kernels", "memory", "train", "rl", ITEM),
     inputs=(
         paths.PROMPTS_TRAIN,
         paths.PROMPTS_HELDOUT,

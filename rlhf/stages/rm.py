@@ -30,7 +30,7 @@ from rlhf.train.loop import Objective
 SPEC = StageSpec(
     "rm",
     "rlhf.stages.rm",
-    params=("seed", "device", "threads", "memory", "train", "rm"),
+    params=("seed", "device", "threads", "cpu_kernels", "memory", "train", "rm"),
     inputs=(
         paths.COMPARISONS_TRAIN,
         paths.COMPARISONS_VAL,

@@ -31,7 +31,7 @@ from rlhf.train.memory import preflight
 SPEC = StageSpec(
     "sft",
     "rlhf.stages.sft",
-    params=("seed", "device", "threads", "model", "memory", "train", "sft"),
+    params=("seed", "device", "threads", "cpu_kernels", "model", "memory", "train", "sft"),
     inputs=(paths.SFT_TRAIN, paths.SFT_VAL, paths.PROMPTS_HELDOUT, paths.TOKENIZER),
     **trained_outputs("sft", {"loss": "val_loss"}),
 )

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rlhf.cpu import pin_kernels
 from rlhf.models import checkpoint
 from rlhf.models.backbone import Backbone, freeze
 from rlhf.params import Params
@@ -39,13 +40,15 @@ class StageRun:
 
     @classmethod
     def start(cls, declared: StageSpec, item: str | None = None) -> StageRun:
-        """Clear what a killed run left half-written, load and check params, pin torch's CPU
-        threads, seed torch, pick the device, join the data-parallel workers (under torchrun),
-        load the tokenizer; `item` is the element of a foreach stage (the RL algorithm)."""
+        """Clear what a killed run left half-written, load and check params, pin the CPU
+        kernels and torch's CPU threads (before the stage's first tensor operation), seed
+        torch, pick the device, join the data-parallel workers (under torchrun), load the
+        tokenizer; `item` is the element of a foreach stage (the RL algorithm)."""
         spec, world = declared.filled(item), current_world()
         if world.is_main:
             begin(spec)
         p = params()
+        pin_kernels(p.cpu_kernels)
         pin_threads(p.threads)
         torch.manual_seed(p.seed)
         device = join(world, resolve_device(p.device))

@@ -94,9 +94,10 @@ def write_metrics(
 def write_timings(
     stage: str, summary: dict[str, Any], steps: list[dict[str, Any]] | None = None
 ) -> None:
-    """How fast the stage ran, and on what (CPU threads, processes, the CPU's signature), to
-    `timings/<stage>.json` (and per step to `timings/<stage>_steps.csv`), outside every DVC
-    output. What it ran on is what a bit-identical replay needs again (`rlhf verify`).
+    """How fast the stage ran, and on what (CPU threads, processes, the CPU's signature with
+    the kernels the stage allowed itself), to `timings/<stage>.json` (and per step to
+    `timings/<stage>_steps.csv`), outside every DVC output. What it ran on is what a
+    bit-identical replay needs again (`rlhf verify`).
 
     A rerun with the same params and seed reproduces every output byte for byte except its
     speed: were timings in the metrics files, each identical rerun would change their hashes
@@ -105,9 +106,11 @@ def write_timings(
     import torch  # the stages that time themselves have it loaded
 
     from rlhf.cpu import cpu_signature
+    from rlhf.stages.support.common import params
 
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    machine = {"threads": torch.get_num_threads(), "processes": world, "cpu": cpu_signature()}
+    signature = cpu_signature(params().cpu_kernels)
+    machine = {"threads": torch.get_num_threads(), "processes": world, "cpu": signature}
     write_json(paths.timings_file(stage), machine | summary)
     if steps:
         write_csv(paths.timing_steps_file(stage), steps)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from rlhf.cli import app
 from rlhf.cpu import cpu_signature
+from rlhf.project import reproduction
 
 from conftest import REPO
 
@@ -34,7 +35,7 @@ def checkout(tmp_path: Path) -> Path:
     write_json(
         tmp_path / "docs/seeds.json", {"seeds": {"1": {}, "2": {}, "3": {}}, "spread": SPREAD}
     )
-    write_json(tmp_path / "docs/committed-cpu.json", cpu_signature())
+    write_json(tmp_path / "docs/committed-cpu.json", cpu_signature("avx2"))
     (tmp_path / "params.yaml").write_text("rl_algorithms: [ppo]\n")
     for name, metrics in COMMITTED.items():
         write_json(tmp_path / f"metrics/{name}.json", metrics)
@@ -65,7 +66,7 @@ def rerun(root: Path, win_rate: float) -> None:
 
 def made_elsewhere(root: Path) -> None:
     """The committed outputs come from another CPU."""
-    write_json(root / "docs/committed-cpu.json", cpu_signature() | {"vendor": "GenuineIntel"})
+    write_json(root / "docs/committed-cpu.json", cpu_signature("avx2") | {"vendor": "GenuineIntel"})
     subprocess.run([*GIT, "commit", "-qam", "elsewhere"], cwd=root, check=True)
 
 
@@ -83,7 +84,22 @@ def test_another_cpu_checks_the_seed_spread_and_restores_the_committed_files(che
     status, out, err = check(checkout)
     assert status == 0, err
     assert "outputs check: seed spread" in out and "vendor GenuineIntel" in out
+    assert "bytes: 1 committed files differ on this CPU (metrics/eval/ppo.json)" in out
     assert json.loads((checkout / "metrics/eval/ppo.json").read_text()) == COMMITTED["eval/ppo"]
+
+
+def test_another_cpu_reports_bytes_it_reproduced(checkout, check):
+    """Pinned kernels can make another CPU family write the same bytes: the check says so."""
+    made_elsewhere(checkout)
+    status, out, _ = check(checkout)
+    assert status == 0 and "outputs check: seed spread" in out
+    assert "bytes: identical: this CPU reproduced every committed file byte for byte" in out
+
+
+def test_the_signature_here_names_the_kernels_params_yaml_pins(checkout):
+    assert reproduction.signature_here(checkout)["kernels"] == "avx2"
+    (checkout / "params.yaml").write_text("cpu_kernels: native\n")
+    assert reproduction.signature_here(checkout)["kernels"] == "native"
 
 
 @pytest.mark.parametrize("win_rate", [0.49, 0.67])
@@ -98,7 +114,7 @@ def test_another_cpu_fails_a_number_outside_the_spread(checkout, check, win_rate
 
 def test_the_committed_outputs_name_the_cpu_that_made_them():
     signature = json.loads((REPO / "docs" / "committed-cpu.json").read_text())
-    assert set(signature) == set(cpu_signature())
+    assert set(signature) == set(cpu_signature("avx2"))
 
 
 def test_rlhf_reproduced_is_the_same_check(checkout, monkeypatch):
