@@ -224,8 +224,9 @@ def run_time_markdown(record: Mapping[str, Any] | None) -> list[str]:
 # What other CPUs write under each `cpu_kernels` choice (docs/concepts.md says what was verified)
 ELSEWHERE = {
     "portable": "other x86-64 CPU families write the same bytes",
-    "avx2": "other CPUs of the same vendor write the same bytes; another vendor's MKL sums "
-    "matrix products in another order",
+    "avx2": "torch's and oneDNN's kernels are capped at AVX2 on every CPU, but MKL's matrix "
+    "products follow AMD's own pick on AMD CPUs and the AVX2 branch on Intel ones, so an Intel "
+    "CPU writes other bytes",
     "native": "only the same CPU model writes the same bytes",
 }
 

@@ -25,15 +25,12 @@ from rlhf.tokenizer.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The kernels a stage pins, before any test's first tensor operation: a stage run in a test's
-# own process then computes as one in a stage process does (and finds them pinned already).
-pin_kernels(ParamsFile().cpu_kernels)
-
 TINY_PARAMS = {
     "seed": 7,
     # RLHF_TEST_DEVICE=cuda runs the tiny pipeline on a GPU host
     "device": os.environ.get("RLHF_TEST_DEVICE", "cpu"),
     "threads": 1,  # two tests at a time on two cores (pytest -n 2)
+    "cpu_kernels": ParamsFile().cpu_kernels,
     "rl_algorithms": ["ppo", "grpo"],
     "tokenizer": {"kind": "bpe", "vocab_size": 400},
     "model": {"init": "scratch", "n_layer": 2, "n_head": 2, "n_embd": 48, "block_size": 64},
@@ -81,6 +78,10 @@ TINY_PARAMS = {
         "bon_pool": 4,
     },
 }
+
+# The kernels a stage pins, before any test's first tensor operation: a stage run in a test's
+# own process then computes as one in a stage process does (and finds them pinned already).
+pin_kernels(TINY_PARAMS["cpu_kernels"])
 
 
 def write_params(directory: Path, overrides: dict | None = None) -> Path:

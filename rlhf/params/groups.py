@@ -647,9 +647,10 @@ class ParamsFile:
         "avx2",
         "Which CPU kernels each model stage's process may use; like `threads`, they decide the "
         "order floats are summed in (x86-64 only; CUDA kernels are unaffected). `avx2`: "
-        "torch's and oneDNN's kernels capped at AVX2 and MKL's matrix products on its AVX2 "
-        "branch (on Intel CPUs; AMD ones run MKL's own pick): the same bytes on the CPUs of one "
-        "vendor, at full speed on AVX2 CPUs. `portable`: MKL's COMPATIBLE branch instead, the "
+        "torch's and oneDNN's kernels capped at AVX2, MKL's matrix products on its AVX2 branch "
+        "on Intel CPUs (AMD ones run MKL's own pick): the same bytes on any Intel CPU with "
+        "AVX2 whatever its generation, at full speed on AVX2 CPUs. `portable`: MKL's "
+        "COMPATIBLE branch instead, the "
         "one that computes the same on Intel and AMD, for the same bytes across CPU families; "
         "about 3 times slower on the default (docs/concepts.md, reproducibility guarantees). "
         "`native`: each library picks the CPU's fastest (AVX-512, AMX): the same bytes only "
