@@ -652,7 +652,7 @@ class ParamsFile:
         "AVX2 whatever its generation, at full speed on AVX2 CPUs. `portable`: MKL's "
         "COMPATIBLE branch instead, the "
         "one that computes the same on Intel and AMD, for the same bytes across CPU families; "
-        "about 3 times slower on the default (docs/concepts.md, reproducibility guarantees). "
+        "twice as slow on the default run (docs/concepts.md, reproducibility guarantees). "
         "`native`: each library picks the CPU's fastest (AVX-512, AMX): the same bytes only "
         "on the same CPU model.",
     )
