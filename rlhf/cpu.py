@@ -22,16 +22,13 @@ X86_64 = ("x86_64", "AMD64")
 # What each `cpu_kernels` choice sets (params.yaml). MKL's COMPATIBLE branch is the one it
 # promises gives the same results on Intel and AMD processors; its AVX2 branch is honoured on
 # Intel processors only (MKL runs AUTO elsewhere, other sums than Intel's AVX2 branch).
+AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}  # torch's, oneDNN's
 KERNEL_PINS: dict[str, dict[str, str]] = {
-    "avx2": {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "portable": {
-        "MKL_CBWR": "COMPATIBLE",
-        "ATEN_CPU_CAPABILITY": "avx2",
-        "ONEDNN_MAX_CPU_ISA": "AVX2",
-    },
+    "avx2": {"MKL_CBWR": "AVX2", **AVX2_CAPS},
+    "portable": {"MKL_CBWR": "COMPATIBLE", **AVX2_CAPS},
     "native": {},
 }
-KERNEL_VARIABLES = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+KERNEL_VARIABLES = ("MKL_CBWR", *AVX2_CAPS)
 
 
 def pin_kernels(choice: str) -> None:

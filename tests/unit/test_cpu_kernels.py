@@ -29,8 +29,7 @@ PROBE = textwrap.dedent(
     a = torch.randn(64, 64)
     a @ a
     mkl = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-    branch = mkl.mkl_serv_cbwr_get(1) if hasattr(mkl, "mkl_serv_cbwr_get") else 3
-    print(torch.backends.cpu.get_cpu_capability(), branch)
+    print(torch.backends.cpu.get_cpu_capability(), mkl.mkl_serv_cbwr_get(1))
     """
 )
 
