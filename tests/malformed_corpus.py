@@ -16,6 +16,10 @@ runs the command and checks what a user would see and what is left on disk:
   point's module has imported (as long as `python -c "import MODULE"` takes, timed here: 5 s
   for a stage unloaded, more on a busy machine).
 
+A `python -m` command (a stage, the CLI) runs as a process of its own forked from one that
+imported its module already (`forked_module.py`): the corpus pays torch's import once, not
+once a command.
+
 Entry points: `python -m rlhf.stages.X` (what dvc.yaml runs), `rlhf X` (the CLI), `dvc repro
 --single-item X`, and the Prefect `rlhf-stage` flow on a temporary Prefect server, whose task
 run must fail with the error as its state message. Prints a table; `--json` writes the rows.
@@ -49,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rlhf import dvcfile
 from rlhf.dvcfile import declared_stages
 
+import forked_module
 from conftest import (
     clean_env,
     import_seconds,
@@ -706,13 +711,17 @@ def changed_outside(before: dict, after: dict, allowed: tuple[str, ...], entry: 
 
 
 def run_command(argv: list[str], cwd: Path, limit: int | None) -> tuple[int, str]:
+    env = clean_env() | {"COLUMNS": "80"}
+    if argv[:2] == [sys.executable, "-m"] and not limit:  # a stage or the CLI, imported once
+        return forked_module.run(argv, cwd, env, timeout_s=600)
+
     def cap_file_size() -> None:
         if limit:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     done = subprocess.run(
-        argv, cwd=cwd, env=clean_env() | {"COLUMNS": "80"}, capture_output=True, text=True,
-        preexec_fn=cap_file_size, timeout=600,
+        argv, cwd=cwd, env=env, capture_output=True, text=True, preexec_fn=cap_file_size,
+        timeout=600,
     )  # fmt: skip
     return done.returncode, done.stdout + done.stderr
 
@@ -803,6 +812,7 @@ def main(argv: list[str] | None = None, base: Path | None = None) -> int:
     args = parser.parse_args(argv)
     wanted = set(args.entries.split(","))
     cases = [c for c in CASES if not args.only or any(o in c.name for o in args.only)]
+    forked_module.preload([*(entry_module(c) for c in cases), "rlhf.cli"])
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         if base is None:

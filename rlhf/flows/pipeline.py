@@ -7,7 +7,8 @@ when params.yaml does, so Prefect would cache what DVC knows to be stale.
 
 Locally (`containerized=False`) the stages run in this process, one after the other. In
 production (`containerized=True`) each stage is a run of the `rlhf-stage` deployment, which a
-Docker worker executes in this project's image on a GPU host (`dispatch.py`). A scheduled run
+Docker worker executes in this project's image on a GPU host (`dispatch.py`); a stage DVC finds
+up to date beforehand is recorded Skipped without starting one. A scheduled run
 (`experiment=True`) fetches the code, pulls the DVC outputs, runs in a checkout of its own and
 records the outcome as a DVC experiment (`repository.py`). Whatever starts it, one pipeline
 run at a time holds a repository (`lock.py`).
@@ -51,6 +52,7 @@ from rlhf.flows.repository import (
 from rlhf.flows.stage_names import StageName
 from rlhf.params import ParamsError
 from rlhf.project import drift, paths
+from rlhf.project.folders import DVC_FILE
 from rlhf.project.metric_files import read_metrics
 from rlhf.project.overrides import set_params
 from rlhf.project.specs import filed_as
@@ -84,7 +86,7 @@ def measured(stage: str, root: Path) -> dict[str, dict[str, Any]]:
     stage's outs in dvc.yaml, not in its SPEC: the stage modules import torch, which a stage's
     flow run, waiting on `dvc repro`, need not load (3 s of CPU)."""
     with Repo(str(root)) as repo:
-        (declared,) = repo.stage.collect(stage)
+        (declared,) = repo.stage.collect(in_dvc_yaml(root, stage))
         outs = [Path(out.def_path) for out in declared.outs]
     kinds = {}
     for details in outs:
@@ -167,10 +169,39 @@ def dvc_stage(stage: str, workdir: Path, nproc: str | None = None) -> State:
     if process.returncode:
         said = f": {failures[0]}" if failures else ""
         raise RuntimeError(f"{' '.join(command)} exited with {process.returncode}{said}")
-    publish_metrics(stage, workdir)
     if ran:
+        publish_metrics(stage, workdir)
         return Completed(message=f"stage {stage} ran")
+    return skipped(stage, workdir)
+
+
+def skipped(stage: str, workdir: Path) -> State:
+    """The state of a stage DVC found up to date, its metrics published as a run's are."""
+    publish_metrics(stage, workdir)
     return Completed(name=SKIPPED, message=f"stage {stage} is up to date")
+
+
+def up_to_date(stage: str, workdir: Path) -> bool:
+    """Whether DVC finds `stage` up to date in `workdir` (`dvc status <stage>` says nothing):
+    its code, params, inputs and outputs all as dvc.lock records them, the rule by which
+    `dvc repro` skips it. Anything else, a missing output included, counts as changed."""
+    with Repo(str(workdir)) as repo:
+        return not repo.status(targets=[in_dvc_yaml(workdir, stage)])
+
+
+def in_dvc_yaml(root: Path, stage: str) -> str:
+    """`stage` of `root`'s dvc.yaml as a DVC target. DVC resolves a bare stage name against the
+    working directory's dvc.yaml, which for a run's checkout (`.rlhf/runs/<run>`) is the
+    repository's own, not the checkout's."""
+    return f"{(root / DVC_FILE).resolve()}:{stage}"
+
+
+@task(task_run_name="{stage}", cache_policy=NO_CACHE)
+def skipped_stage(stage: str, workdir: Path) -> State:
+    """A stage the pipeline found up to date before dispatching it: recorded as Skipped
+    here, as the stage's own run would have, without starting its run (a container on a GPU
+    host) only to be told so."""
+    return skipped(stage, workdir)
 
 
 @flow(name="rlhf-stage")
@@ -209,6 +240,10 @@ def run_stages(stages: list[str], workdir: Path, run: PipelineRun) -> State | No
         if not run.containerized:
             if failed := run_stage(stage, run.retries, workdir, run.nproc):
                 return failed
+            continue
+        if up_to_date(stage, workdir):  # the stages before it ran in the same workdir
+            skipped_stage(stage, workdir)
+            logger.info("stage %s: up to date, not dispatched", stage)
             continue
         parameters = {"stage": stage, "retries": run.retries, "workdir": str(workdir)}
         parameters |= {"nproc": run.nproc} if run.nproc else {}

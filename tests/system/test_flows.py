@@ -356,13 +356,19 @@ def test_a_stage_runs_through_run_deployment_on_a_worker(worker):
     assert [path for path in declared if not (worker / path).exists()] == []
 
 
-def test_containerized_pipeline_dispatches_each_stage_and_fails_with_the_stages_error(
+def test_containerized_pipeline_dispatches_each_changed_stage_and_fails_with_its_error(
     worker, monkeypatch
 ):
     monkeypatch.chdir(worker)
     state = pipeline(target="tokenizer", containerized=True, return_state=True)
     assert state.is_completed(), state.message
     assert (worker / "artifacts" / "tokenizer").is_dir()
+    assert recorded_and_dispatched(state.state_details.flow_run_id)[1]["tokenizer"] == "Completed"
+    again = pipeline(target="tokenizer", containerized=True, return_state=True)
+    assert recorded_and_dispatched(again.state_details.flow_run_id) == (
+        {"prepare": SKIPPED, "tokenizer": SKIPPED},
+        {},
+    )  # up to date: recorded by the pipeline, no stage run (container) started
     before = (worker / "params.yaml").read_text()
     failed = pipeline(
         target="prepare", containerized=True, experiment=True,
@@ -381,7 +387,8 @@ def test_a_stage_no_worker_starts_fails_the_pipeline_within_its_start_timeout(wo
         client.update_work_pool(TEST_POOL, WorkPoolUpdate(is_paused=True))
     monkeypatch.chdir(worker)
     try:
-        state = pipeline(target="prepare", containerized=True, start_timeout_s=3, return_state=True)
+        # sft has not run on this host (a stage DVC finds up to date would not be dispatched)
+        state = pipeline(target="sft", containerized=True, start_timeout_s=3, return_state=True)
     finally:
         with get_client(sync_client=True) as client:
             client.update_work_pool(TEST_POOL, WorkPoolUpdate(is_paused=False))
@@ -429,19 +436,25 @@ def wait_for(flow_run_ids, timeout_s: float) -> list:
             time.sleep(1)
 
 
-def child_stage_states(parent_id) -> dict[str, str]:
-    """Stage -> final state name of the task run in each rlhf-stage run the pipeline run
-    dispatched."""
+def recorded_and_dispatched(parent_id) -> tuple[dict[str, str], dict[str, str]]:
+    """Stage -> final state name: of the task runs the pipeline run recorded itself (stages up
+    to date, not dispatched), and of those in the rlhf-stage runs it dispatched (whose
+    stand-ins among the pipeline's own task runs are left out of the first)."""
     with get_client(sync_client=True) as client:
         children = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])
             )
         )
-        tasks = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[c.id for c in children]))
+        own, dispatched = (
+            client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+            for ids in ([parent_id], [c.id for c in children])
         )
-    return {task.name: task.state.name for task in tasks}
+    stand_ins = {c.parent_task_run_id for c in children}
+    return (
+        {task.name: task.state.name for task in own if task.id not in stand_ins},
+        {task.name: task.state.name for task in dispatched},
+    )
 
 
 def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, upstream):
@@ -468,10 +481,11 @@ def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, 
     assert sh(["git", "rev-parse", "HEAD"], worker).strip() == host_head  # the branch stays
     assert (worker / "params.yaml").read_text() == host_params  # and the person's files
     ran = {"rl@ppo", "evaluate"}
-    assert child_stage_states(first.id) == {
-        s: "Completed" if s in ran else SKIPPED for s in ALL_STAGES
-    }  # every other stage's outputs came from the remote
-    assert set(child_stage_states(second.id).values()) == {SKIPPED}
+    assert recorded_and_dispatched(first.id) == (
+        {s: SKIPPED for s in ALL_STAGES if s not in ran},  # their outputs came from the remote
+        {s: "Completed" for s in ran},  # only these went to the worker
+    )
+    assert recorded_and_dispatched(second.id) == ({"prepare": SKIPPED}, {})
 
     refs = sh(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"], worker)
     experiments = dict(line.split(" ")[::-1] for line in refs.splitlines())
