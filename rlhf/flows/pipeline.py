@@ -1,14 +1,16 @@
 """Prefect flows over the DVC pipeline: `rlhf-pipeline` (every stage) and `rlhf-stage` (one).
 
-Each stage is one Prefect task that delegates to `dvc repro --single-item <stage>`, so a stage
-whose code, params and inputs are unchanged is skipped by exactly the rule `dvc repro` uses.
-Prefect's own result caching is off on these tasks: their inputs (a stage name) do not change
-when params.yaml does, so Prefect would cache what DVC knows to be stale.
+Each stage is one Prefect task. A stage whose code, params, inputs and outputs are as dvc.lock
+records them (`dvc status <stage>`, asked once the stages before it have run) is recorded
+Skipped; any other delegates to `dvc repro --single-item <stage>`, so a stage is skipped by
+exactly the rule `dvc repro` uses. Prefect's own result caching is off on these tasks: their
+inputs (a stage name) do not change when params.yaml does, so Prefect would cache what DVC
+knows to be stale.
 
 Locally (`containerized=False`) the stages run in this process, one after the other. In
-production (`containerized=True`) each stage is a run of the `rlhf-stage` deployment, which a
-Docker worker executes in this project's image on a GPU host (`dispatch.py`); a stage DVC finds
-up to date beforehand is recorded Skipped without starting one. A scheduled run
+production (`containerized=True`) each stage that is not skipped is a run of the `rlhf-stage`
+deployment, which a Docker worker executes in this project's image on a GPU host
+(`dispatch.py`). A scheduled run
 (`experiment=True`) fetches the code, pulls the DVC outputs, runs in a checkout of its own and
 records the outcome as a DVC experiment (`repository.py`). Whatever starts it, one pipeline
 run at a time holds a repository (`lock.py`).
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
+from dvc.exceptions import DvcException
 from dvc.repo import Repo
 from prefect import flow, get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -184,9 +187,13 @@ def skipped(stage: str, workdir: Path) -> State:
 def up_to_date(stage: str, workdir: Path) -> bool:
     """Whether DVC finds `stage` up to date in `workdir` (`dvc status <stage>` says nothing):
     its code, params, inputs and outputs all as dvc.lock records them, the rule by which
-    `dvc repro` skips it. Anything else, a missing output included, counts as changed."""
-    with Repo(str(workdir)) as repo:
-        return not repo.status(targets=[in_dvc_yaml(workdir, stage)])
+    `dvc repro` skips it. Anything else, a missing output included, counts as changed, and
+    so does a stage DVC cannot judge: `dvc repro` then says why, as it would have."""
+    try:
+        with Repo(str(workdir)) as repo:
+            return not repo.status(targets=[in_dvc_yaml(workdir, stage)])
+    except DvcException:
+        return False
 
 
 def in_dvc_yaml(root: Path, stage: str) -> str:
@@ -198,9 +205,9 @@ def in_dvc_yaml(root: Path, stage: str) -> str:
 
 @task(task_run_name="{stage}", cache_policy=NO_CACHE)
 def skipped_stage(stage: str, workdir: Path) -> State:
-    """A stage the pipeline found up to date before dispatching it: recorded as Skipped
-    here, as the stage's own run would have, without starting its run (a container on a GPU
-    host) only to be told so."""
+    """A stage the pipeline found up to date: recorded as Skipped, as `dvc_stage` records one
+    `dvc repro` skips, without starting DVC (a second or two of CPU) or, in production, a
+    container on a GPU host only to be told so."""
     return skipped(stage, workdir)
 
 
@@ -233,17 +240,17 @@ def run_stage(stage: str, retries: int, workdir: Path, nproc: str | None) -> Sta
 
 
 def run_stages(stages: list[str], workdir: Path, run: PipelineRun) -> State | None:
-    """Each stage in order, here or as a run of the stage deployment; the first failure ends
-    the pipeline with the stage's own one-line error as the state's message."""
+    """Each stage in order, here or as a run of the stage deployment, but for those DVC finds
+    up to date; the first failure ends the pipeline with the stage's own one-line error as
+    the state's message."""
     logger = get_run_logger()
     for stage in stages:
+        if up_to_date(stage, workdir):  # the stages before it ran in the same workdir
+            skipped_stage(stage, workdir)
+            continue
         if not run.containerized:
             if failed := run_stage(stage, run.retries, workdir, run.nproc):
                 return failed
-            continue
-        if up_to_date(stage, workdir):  # the stages before it ran in the same workdir
-            skipped_stage(stage, workdir)
-            logger.info("stage %s: up to date, not dispatched", stage)
             continue
         parameters = {"stage": stage, "retries": run.retries, "workdir": str(workdir)}
         parameters |= {"nproc": run.nproc} if run.nproc else {}
