@@ -13,8 +13,8 @@ runs the command and checks what a user would see and what is left on disk:
 - no file changes outside the command's own outputs (DVC deletes a stage's outs before
   running it: under `dvc repro` those and DVC's own files are the command's outputs);
 - a case with a time bound (what used to hang) ends within it, counted from when its entry
-  point's module has imported (as long as `python -c "import MODULE"` takes, timed here: 5 s
-  for a stage unloaded, more on a busy machine).
+  point's module has imported (for a command not forked, as long as `python -c "import
+  MODULE"` takes, timed here: 5 s for a stage unloaded, more on a busy machine).
 
 A `python -m` command (a stage, the CLI) runs as a process of its own forked from one that
 imported its module already (`forked_module.py`): the corpus pays torch's import once, not
@@ -710,9 +710,15 @@ def changed_outside(before: dict, after: dict, allowed: tuple[str, ...], entry: 
     return sorted(k for k in changed if not k.startswith(allowed))
 
 
+def forked(argv: list[str], limit: int | None) -> bool:
+    """Whether the command runs forked with its module imported (a stage or the CLI): not
+    under a file-size limit, which would cap its output file too."""
+    return argv[:2] == [sys.executable, "-m"] and not limit
+
+
 def run_command(argv: list[str], cwd: Path, limit: int | None) -> tuple[int, str]:
     env = clean_env() | {"COLUMNS": "80"}
-    if argv[:2] == [sys.executable, "-m"] and not limit:  # a stage or the CLI, imported once
+    if forked(argv, limit):
         return forked_module.run(argv, cwd, env, timeout_s=600)
 
     def cap_file_size() -> None:
@@ -759,11 +765,11 @@ def entry_module(case: Case) -> str:
     return f"rlhf.stages.{case.stage.partition('@')[0]}" if case.stage else "rlhf.cli"
 
 
-def startup_within(case: Case, seconds: float) -> float:
-    """What importing the case's entry point takes, measured only when the run overran its
-    bound: a run within the bound passes whatever the import took, and skipping the measure
-    halves the corpus's time."""
-    if case.seconds is None or seconds <= case.seconds:
+def startup_within(case: Case, seconds: float, command: list[str]) -> float:
+    """What importing the case's entry point took, measured only when the run overran its
+    bound (a run within the bound passes whatever the import took, and skipping the measure
+    halves the corpus's time); nothing for a forked command, which imported nothing."""
+    if case.seconds is None or seconds <= case.seconds or forked(command, case.file_size_limit):
         return 0.0
     return import_seconds(entry_module(case))
 
@@ -841,7 +847,7 @@ def main(argv: list[str] | None = None, base: Path | None = None) -> int:
                     seconds = time.monotonic() - started
                     allowed = allowed_outputs(case, entry)
                     changed = changed_outside(before, snapshot(project), allowed, entry)
-                    startup = startup_within(case, seconds)
+                    startup = startup_within(case, seconds, command)
                     row = {"case": case.name, "entry": entry} | verdict(
                         case, status, output, changed, seconds, startup
                     )
