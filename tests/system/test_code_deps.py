@@ -8,36 +8,46 @@ up to date after it changed. Here two oracles decide instead: the modules each s
 imports when it runs on the tiny project, and a plain reading of every import statement in the
 source, function bodies included (the lazy imports that run only under some params, such as
 `hf:DIR` judges, which the tiny params never use).
+
+The run that shows what each stage imports is `dvc repro --force` of the trained tiny project,
+which is also the check that a rerun at the same params and seed changes nothing: one whole
+pipeline serves both.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
+import re
+import shutil
 from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, TINY_PARAMS, clean_env, make_project
+from conftest import REPO, TINY_PARAMS, clean_env, sh
 
 PACKAGE = "rlhf"
-# Runs a module as `python -m` does, then writes {module name: its file} for every module the
-# process imported, the one it ran included, to argv[1] as JSON, however the stage ended.
-TRACER = """
-import importlib.util, json, runpy, sys
-out, module, *args = sys.argv[1:]
-sys.argv = [module, *args]
-try:
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-finally:
-    files = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items())}
-    files[module] = importlib.util.find_spec(module).origin
-    with open(out, "w") as f:
+TRACE_DIR = "RLHF_TEST_IMPORT_TRACE"
+# A sitecustomize.py, which Python imports at start-up from PYTHONPATH: in a stage process
+# (`python -m rlhf.stages.NAME [ITEM]`, as DVC runs it), at exit it writes {module name: its
+# file} for every module the process imported, the one it ran included, to
+# $RLHF_TEST_IMPORT_TRACE/NAME[@ITEM].json.
+TRACER = f"""
+import atexit, json, os, sys
+
+def _record():
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is None or not spec.name.startswith("{PACKAGE}.stages."):
+        return  # DVC itself, git hooks, anything but a stage
+    name = "@".join([spec.name.rsplit(".", 1)[1], *sys.argv[1:]])
+    files = {{n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}}
+    files[spec.name] = spec.origin  # the stage's own module, which ran as __main__
+    with open(os.path.join(os.environ["{TRACE_DIR}"], name + ".json"), "w") as f:
         json.dump(files, f)
+
+atexit.register(_record)
 """
 
 
@@ -150,35 +160,41 @@ def test_a_lazy_import_left_out_of_the_deps_is_caught():
 
 
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory) -> tuple[Path, dict[str, set[str]]]:
-    """A fresh tiny project, and the project files each stage imported when run in it for
-    real, stage after stage in pipeline order (each reads what the ones before it wrote)."""
-    project = make_project(tmp_path_factory.mktemp("traced") / "project").resolve()
-    runs = stage_runs(yaml.safe_load((project / "dvc.yaml").read_text()))
+def rerun(trained_project, tmp_path_factory) -> tuple[Path, set[str], dict[str, set[str]]]:
+    """A committed copy of the trained tiny project after `dvc repro --force`: the stages DVC
+    ran, and the project files each stage process imported (stage after stage in pipeline
+    order, each reading what the ones before it wrote), recorded by TRACER."""
+    project = (tmp_path_factory.mktemp("rerun") / "project").resolve()
+    shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
+    sh(["git", "add", "-A"], project)
+    sh(["git", "commit", "-qm", "first run"], project)
+    tracer, trace = project.parent / "tracer", project.parent / "trace"
+    tracer.mkdir()
+    trace.mkdir()
+    (tracer / "sitecustomize.py").write_text(TRACER)
+    env = clean_env() | {"PYTHONPATH": str(tracer), TRACE_DIR: str(trace)}
+    ran = set(
+        re.findall(r"Running stage '([\w@-]+)'", sh(["dvc", "repro", "--force"], project, env))
+    )
     imported = {}
-    for name, (command, _) in runs.items():
-        module, args = stage_module(command), command[3:]
-        out = project.parent / f"{name}.json"
-        done = subprocess.run(
-            [sys.executable, "-c", TRACER, str(out), module, *args],
-            cwd=project, env=clean_env(), capture_output=True, text=True,
-        )  # fmt: skip
-        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+    for out in sorted(trace.glob("*.json")):
         modules = json.loads(out.read_text())
         ours = {m: Path(f).resolve() for m, f in modules.items() if m.split(".")[0] == PACKAGE}
         elsewhere = {m: f for m, f in ours.items() if not f.is_relative_to(project)}
-        assert not elsewhere, f"{name} imported the project's modules from elsewhere: {elsewhere}"
-        imported[name] = {str(f.relative_to(project)) for f in ours.values()}
-    return project, imported
+        assert not elsewhere, (
+            f"{out.stem} imported the project's modules from elsewhere: {elsewhere}"
+        )
+        imported[out.stem] = {str(f.relative_to(project)) for f in ours.values()}
+    return project, ran, imported
 
 
-def test_every_project_file_a_stage_imports_when_it_runs_is_among_its_deps(traced):
+def test_every_project_file_a_stage_imports_when_it_runs_is_among_its_deps(rerun):
     """What the stage really ran, whoever imported it and however: no reading of the source
     decides it. Only the code the tiny params reach, so lazy imports that other params take
     (an `hf:DIR` judge) are the check above's."""
-    project, imported = traced
+    project, ran, imported = rerun
     runs = stage_runs(yaml.safe_load((project / "dvc.yaml").read_text()))
-    assert set(imported) == set(runs)
+    assert set(imported) == set(runs) == ran
     for name, (command, _) in runs.items():  # the trace saw the stage's own code
         assert source_file(stage_module(command), project) in imported[name], name
     unlisted = {
@@ -189,3 +205,14 @@ def test_every_project_file_a_stage_imports_when_it_runs_is_among_its_deps(trace
     assert unlisted == {}, "deps in dvc.yaml omit project files the stage imported:\n" + "\n".join(
         f"  {stage}: {', '.join(files)}" for stage, files in unlisted.items()
     )
+
+
+def test_an_identical_rerun_changes_no_metric_and_no_lock_entry(rerun):
+    """Every stage rerun with the same params and seed: every output, metrics and plots
+    included, comes out byte for byte the same (speed goes to the untracked timings/), so
+    `dvc metrics diff` has nothing to show and dvc.lock stays as it was."""
+    project, ran, _ = rerun
+    assert ran == set(stage_runs(yaml.safe_load((project / "dvc.yaml").read_text())))
+    assert json.loads(sh(["dvc", "metrics", "diff", "--json"], project)) == {}
+    assert sh(["git", "diff", "--stat"], project) == ""  # dvc.lock, metrics and plots alike
+    assert json.loads((project / "timings" / "sft.json").read_text())["tokens_per_s"] > 0

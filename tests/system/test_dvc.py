@@ -275,20 +275,6 @@ def test_a_clone_pulls_every_output_from_the_default_remote(trained_project, tmp
     assert "up to date" in sh(["dvc", "status"], clone)
 
 
-def test_an_identical_rerun_changes_no_metric_and_no_lock_entry(trained_project, tmp_path):
-    """Every stage rerun with the same params and seed: every output, metrics and plots
-    included, comes out byte for byte the same (speed goes to the untracked timings/), so
-    `dvc metrics diff` has nothing to show and dvc.lock stays as it was."""
-    project = tmp_path / "p"
-    shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
-    sh(["git", "add", "-A"], project)
-    sh(["git", "commit", "-qm", "first run"], project)
-    assert repro(project, "--force") == ALL_STAGES
-    assert json.loads(sh(["dvc", "metrics", "diff", "--json"], project)) == {}
-    assert sh(["git", "diff", "--stat"], project) == ""  # dvc.lock, metrics and plots alike
-    assert json.loads((project / "timings" / "sft.json").read_text())["tokens_per_s"] > 0
-
-
 def test_at_the_same_threads_a_stage_writes_the_same_bytes_on_one_core_as_on_two(
     trained_project, tmp_path
 ):
