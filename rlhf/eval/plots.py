@@ -31,7 +31,9 @@ def _color(policy: str) -> str:
 
 
 def _save(fig: Figure, path: Path) -> None:
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    """Every figure is laid out "constrained", which already fits its labels, annotations and
+    legends inside it: `bbox_inches="tight"` would draw each figure a second time to crop."""
+    fig.savefig(path, dpi=110)
 
 
 def _column(rows: Rows, key: str) -> list[float]:
@@ -131,11 +133,11 @@ def score_against_kl(
             ax.annotate(f"n={n}", xy, xytext=(4, -10), textcoords="offset points", fontsize=8)
     for i, (t, point) in enumerate(sft_temperatures.items()):
         xy = (float(point["kl_to_sft"]), float(point["score"]))
-        label = "SFT at temperature T (validation prompts)" if i == 0 else None
-        ax.plot(*xy, "D", color=_color("sft"), markersize=6, label=label)
+        legend = "SFT at temperature T (validation prompts)" if i == 0 else None
+        ax.plot(*xy, "D", color=_color("sft"), markersize=6, label=legend)
         ax.annotate(f"SFT T={t}", xy, xytext=(4, 4), textcoords="offset points", fontsize=8)
     ax.set(
-        title=f"{label} against KL to SFT: RL, best-of-n and SFT's temperatures",
+        title=f"{label.capitalize()} against KL to SFT: RL, best-of-n and SFT's temperatures",
         xlabel="KL to the SFT policy (nats per answer, exact)",
         ylabel=label,
     )

@@ -140,3 +140,20 @@ def test_figures_are_written_as_png(tmp_path):
             colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
         assert width >= 400 and height >= 150
         assert colours is None or len(colours) > 50  # lines, bars and anti-aliased text
+
+
+def test_the_score_against_kl_figure_names_its_judge(tmp_path, monkeypatch):
+    """Title and y axis say whose score it is, with SFT's temperatures drawn on it too."""
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    best_of_n = {"2": {"kl_to_sft": 0.2, "gold_sampled": 0.65, "rm_sampled": 0.1}}
+    temperatures = {
+        "0.7": {"kl_to_sft": 0.3, "score": 0.7},
+        "1.0": {"kl_to_sft": 0.0, "score": 0.6},
+    }
+    plots.score_against_kl(
+        tmp_path / "k.png", curve((0.6, -0.2)), best_of_n, temperatures, "gold score"
+    )
+    (ax,) = drawn[0].axes
+    assert ax.get_title().startswith("Gold score against KL to SFT")
+    assert ax.get_ylabel() == "gold score"
