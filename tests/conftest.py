@@ -256,12 +256,12 @@ def shared_project(trained: Path, directory: Path) -> Path:
 
 
 # the files of a minute or more (on two cores) among those that start from the trained
-# project, longest first (measured: 319 s down to 66 s of one worker), handed out first and in
+# project, longest first (measured: 389 s down to 62 s of one worker), handed out first and in
 # this order, so that no worker starts a long one while the others run out of work
 LONGEST = (
-    "test_flows.py", "test_distributed.py", "test_distributed_rl.py", "test_dvc.py",
-    "test_seeds.py", "test_reliability.py", "test_mlflow.py", "test_sharded.py",
-    "test_retries.py",
+    "test_flows.py", "test_distributed.py", "test_distributed_rl.py", "test_seeds.py",
+    "test_dvc.py", "test_reliability.py", "test_code_deps.py", "test_sharded.py",
+    "test_mlflow.py", "test_retries.py",
 )  # fmt: skip
 
 
