@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -236,6 +237,11 @@ def sh(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
+def stages_ran(dvc_output: str) -> set[str]:
+    """The stages a `dvc repro` (or `dvc exp run`) ran, from its own log."""
+    return set(re.findall(r"Running stage '([\w@-]+)'", dvc_output))
+
+
 def use_repository_dvc_config(project: Path) -> None:
     """The repository's own DVC config in `project`: its default remote and the offline
     template `dvc plots show` fills in."""
@@ -269,7 +275,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that need the trained project run after those that do not, but for the first
     of them, and the longest of them first: under pytest-xdist (`--dist loadfile
     --no-loadscope-reorder`, which hands files out in this order) one worker builds the
-    project (about 45 s) while the others run the independent files, where they would
+    project (about a minute) while the others run the independent files, where they would
     otherwise wait on its lock, and the run ends on short files (the workers' last tests
     ended 124 s apart when the long files went in collection order, 40 s apart longest
     first)."""

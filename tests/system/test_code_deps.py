@@ -18,33 +18,34 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import shutil
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, TINY_PARAMS, clean_env, sh
+from conftest import REPO, TINY_PARAMS, clean_env, sh, stages_ran
 
 PACKAGE = "rlhf"
 TRACE_DIR = "RLHF_TEST_IMPORT_TRACE"
-# A sitecustomize.py, which Python imports at start-up from PYTHONPATH: in a stage process
-# (`python -m rlhf.stages.NAME [ITEM]`, as DVC runs it), at exit it writes {module name: its
-# file} for every module the process imported, the one it ran included, to
-# $RLHF_TEST_IMPORT_TRACE/NAME[@ITEM].json.
+# A sitecustomize.py, which Python imports at start-up from PYTHONPATH (in place of any the
+# interpreter has): in a stage process (`python -m rlhf.stages.NAME [ITEM]`, as DVC runs it, or
+# a process started from one that runs its `__main__` again, such as a torchrun worker), at
+# exit it writes {module name: its file} for every module the process imported, the one it ran
+# included, to $RLHF_TEST_IMPORT_TRACE/NAME[@ITEM].PID.json.
 TRACER = f"""
 import atexit, json, os, sys
 
 def _record():
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     if spec is None or not spec.name.startswith("{PACKAGE}.stages."):
-        return  # DVC itself, git hooks, anything but a stage
+        return  # DVC itself, git hooks: no stage
     name = "@".join([spec.name.rsplit(".", 1)[1], *sys.argv[1:]])
     files = {{n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}}
     files[spec.name] = spec.origin  # the stage's own module, which ran as __main__
-    with open(os.path.join(os.environ["{TRACE_DIR}"], name + ".json"), "w") as f:
+    with open(os.path.join(os.environ["{TRACE_DIR}"], f"{{name}}.{{os.getpid()}}.json"), "w") as f:
         json.dump(files, f)
 
 atexit.register(_record)
@@ -159,11 +160,18 @@ def test_a_lazy_import_left_out_of_the_deps_is_caught():
     assert unlisted_imports(shipped, REPO).get("collect") == {lazy: ["rlhf/algorithms/scorers.py"]}
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """`dvc repro --force` of a committed copy of the trained tiny project."""
+
+    project: Path
+    runs: dict[str, tuple[list[str], list[str]]]  # each stage DVC should run: command, deps
+    ran: set[str]  # the stages DVC's log says it ran
+    imported: dict[str, dict[str, Path]]  # stage -> {project module: its file}, its processes'
+
+
 @pytest.fixture(scope="module")
-def rerun(trained_project, tmp_path_factory) -> tuple[Path, set[str], dict[str, set[str]]]:
-    """A committed copy of the trained tiny project after `dvc repro --force`: the stages DVC
-    ran, and the project files each stage process imported (stage after stage in pipeline
-    order, each reading what the ones before it wrote), recorded by TRACER."""
+def rerun(trained_project, tmp_path_factory) -> Rerun:
     project = (tmp_path_factory.mktemp("rerun") / "project").resolve()
     shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
     sh(["git", "add", "-A"], project)
@@ -173,33 +181,37 @@ def rerun(trained_project, tmp_path_factory) -> tuple[Path, set[str], dict[str, 
     trace.mkdir()
     (tracer / "sitecustomize.py").write_text(TRACER)
     env = clean_env() | {"PYTHONPATH": str(tracer), TRACE_DIR: str(trace)}
-    ran = set(
-        re.findall(r"Running stage '([\w@-]+)'", sh(["dvc", "repro", "--force"], project, env))
-    )
-    imported = {}
-    for out in sorted(trace.glob("*.json")):
-        modules = json.loads(out.read_text())
-        ours = {m: Path(f).resolve() for m, f in modules.items() if m.split(".")[0] == PACKAGE}
-        elsewhere = {m: f for m, f in ours.items() if not f.is_relative_to(project)}
-        assert not elsewhere, (
-            f"{out.stem} imported the project's modules from elsewhere: {elsewhere}"
+    ran = stages_ran(sh(["dvc", "repro", "--force"], project, env))
+    imported: dict[str, dict[str, Path]] = {}
+    for out in trace.glob("*.json"):
+        stage = out.name.split(".", 1)[0]
+        modules = json.loads(out.read_text()).items()
+        imported.setdefault(stage, {}).update(
+            {m: Path(f).resolve() for m, f in modules if m.split(".")[0] == PACKAGE}
         )
-        imported[out.stem] = {str(f.relative_to(project)) for f in ours.values()}
-    return project, ran, imported
+    runs = stage_runs(yaml.safe_load((project / "dvc.yaml").read_text()))
+    return Rerun(project, runs, ran, imported)
 
 
 def test_every_project_file_a_stage_imports_when_it_runs_is_among_its_deps(rerun):
     """What the stage really ran, whoever imported it and however: no reading of the source
     decides it. Only the code the tiny params reach, so lazy imports that other params take
     (an `hf:DIR` judge) are the check above's."""
-    project, ran, imported = rerun
-    runs = stage_runs(yaml.safe_load((project / "dvc.yaml").read_text()))
-    assert set(imported) == set(runs) == ran
-    for name, (command, _) in runs.items():  # the trace saw the stage's own code
-        assert source_file(stage_module(command), project) in imported[name], name
+    assert set(rerun.imported) == set(rerun.runs) == rerun.ran
+    elsewhere = {
+        stage: {m: str(f) for m, f in modules.items() if not f.is_relative_to(rerun.project)}
+        for stage, modules in rerun.imported.items()
+    }
+    assert not any(elsewhere.values()), f"project modules imported from elsewhere: {elsewhere}"
+    imported = {
+        stage: {str(f.relative_to(rerun.project)) for f in modules.values()}
+        for stage, modules in rerun.imported.items()
+    }
+    for name, (command, _) in rerun.runs.items():  # the trace saw the stage's own code
+        assert source_file(stage_module(command), rerun.project) in imported[name], name
     unlisted = {
         name: sorted(imported[name] - set(deps))
-        for name, (_, deps) in runs.items()
+        for name, (_, deps) in rerun.runs.items()
         if imported[name] - set(deps)
     }
     assert unlisted == {}, "deps in dvc.yaml omit project files the stage imported:\n" + "\n".join(
@@ -211,8 +223,7 @@ def test_an_identical_rerun_changes_no_metric_and_no_lock_entry(rerun):
     """Every stage rerun with the same params and seed: every output, metrics and plots
     included, comes out byte for byte the same (speed goes to the untracked timings/), so
     `dvc metrics diff` has nothing to show and dvc.lock stays as it was."""
-    project, ran, _ = rerun
-    assert ran == set(stage_runs(yaml.safe_load((project / "dvc.yaml").read_text())))
-    assert json.loads(sh(["dvc", "metrics", "diff", "--json"], project)) == {}
-    assert sh(["git", "diff", "--stat"], project) == ""  # dvc.lock, metrics and plots alike
-    assert json.loads((project / "timings" / "sft.json").read_text())["tokens_per_s"] > 0
+    assert rerun.ran == set(rerun.runs)
+    assert json.loads(sh(["dvc", "metrics", "diff", "--json"], rerun.project)) == {}
+    assert sh(["git", "diff", "--stat"], rerun.project) == ""  # dvc.lock, metrics and plots
+    assert json.loads((rerun.project / "timings" / "sft.json").read_text())["tokens_per_s"] > 0

@@ -26,6 +26,7 @@ from conftest import (
     make_project,
     sh,
     shared_project,
+    stages_ran,
     write_params,
 )
 
@@ -44,8 +45,7 @@ def width(shown: str) -> int:
 
 def repro(project, *options: str) -> set[str]:
     """Stages that actually ran, from DVC's own log."""
-    out = sh(["dvc", "repro", *options], project)
-    return set(re.findall(r"Running stage '([\w@-]+)'", out))
+    return stages_ran(sh(["dvc", "repro", *options], project))
 
 
 def stage_definitions(dvc_yaml: dict) -> dict[str, dict]:
@@ -115,7 +115,7 @@ ALL_STAGES = {
 
 def test_first_repro_runs_every_stage(dvc_project):
     first = (dvc_project / FIRST_REPRO_LOG).read_text()
-    assert set(re.findall(r"Running stage '([\w@-]+)'", first)) == ALL_STAGES
+    assert stages_ran(first) == ALL_STAGES
     assert (dvc_project / "artifacts" / "sft" / "model.pt").exists()
     assert (dvc_project / "artifacts" / "grpo" / "model.pt").exists()
     assert (dvc_project / "reports" / "eval.md").exists()
@@ -157,7 +157,7 @@ def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tm
     sh(["git", "add", "-A"], project)
     sh(["git", "commit", "-qm", "base"], project)
     out = sh(["dvc", "exp", "run", "-S", "ppo.kl_coef=0.0"], project)
-    assert set(re.findall(r"Running stage '([\w@-]+)'", out)) == {"rl@ppo", "evaluate"}
+    assert stages_ran(out) == {"rl@ppo", "evaluate"}
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
     assert set(diff) == {"metrics/eval/ppo.json"}  # SFT's, GRPO's, DPO's and the RM's stay
     assert {"win", "gold", "kl"} <= set(diff["metrics/eval/ppo.json"])
@@ -199,7 +199,7 @@ def dry_repro(project, overrides: dict) -> set[str]:
         out = sh(["dvc", "repro", "--dry", "--force-downstream"], project)
     finally:
         (project / "params.yaml").write_text(before)
-    return set(re.findall(r"Running stage '([\w@-]+)'", out))
+    return stages_ran(out)
 
 
 def test_changing_rm_lr_reruns_rm_and_every_rl_stage_but_not_sft_or_collect(dvc_project):
