@@ -105,39 +105,48 @@ def overoptimization_curve(path: Path, curves: Mapping[str, Rows]) -> None:
     _save(fig, path)
 
 
+def score_label(by_gold: bool) -> str:
+    """What the score-against-KL figure plots: the gold judge's score, else the reward model's
+    (the primary judge of a run on your own data)."""
+    return "Gold score" if by_gold else "RM score"
+
+
 def score_against_kl(
     path: Path,
     curves: Mapping[str, Rows],
     best_of_n: Mapping[str, Mapping[str, float]],
     sft_temperatures: Mapping[str, Mapping[str, float]],
-    label: str,
+    by_gold: bool,
 ) -> None:
-    """RL and its cheap alternatives on one picture (Gao et al. 2022): `label`'s score
-    against KL to SFT along each RL policy's training (its snapshots), best-of-n of SFT at
-    each n (`best_of_n`: n -> its measures; held-out prompts) and SFT at each swept
-    temperature (`sft_temperatures`: t -> score and KL; validation prompts). A policy above
-    the best-of-n line at the same KL gained more than the reward model alone could pick."""
+    """RL and its cheap alternatives on one picture (Gao et al. 2022): the gold judge's score
+    (`by_gold`, else the reward model's) against KL to SFT along each RL policy's training (its
+    snapshots), best-of-n of SFT at each n (`best_of_n`: n -> its measures; held-out prompts)
+    and SFT at each swept temperature (`sft_temperatures`: t -> score and KL; validation
+    prompts). A policy above the best-of-n line at the same KL gained more than the reward
+    model alone could pick."""
     fig = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = fig.subplots()
-    key = "gold_score" if "gold" in label else "rm_score"
+    label = score_label(by_gold)
+    point_key, sampled_key = (
+        ("gold_score", "gold_sampled") if by_gold else ("rm_score", "rm_sampled")
+    )
     for policy, rows in curves.items():
-        ax.plot(_column(rows, "kl_to_sft"), _column(rows, key), "o-", color=_color(policy),
+        ax.plot(_column(rows, "kl_to_sft"), _column(rows, point_key), "o-", color=_color(policy),
                 label=f"{policy} along training")  # fmt: skip
     if best_of_n:
         ns = list(best_of_n)
         kl = [float(best_of_n[n]["kl_to_sft"]) for n in ns]
-        score = [float(best_of_n[n]["gold_sampled" if key == "gold_score" else "rm_sampled"])
-                 for n in ns]  # fmt: skip
+        score = [float(best_of_n[n][sampled_key]) for n in ns]
         ax.plot(kl, score, "s--", color="black", label="best-of-n of SFT (RM picks)")
         for n, xy in zip(ns, zip(kl, score, strict=True), strict=True):
             ax.annotate(f"n={n}", xy, xytext=(4, -10), textcoords="offset points", fontsize=8)
     for i, (t, point) in enumerate(sft_temperatures.items()):
         xy = (float(point["kl_to_sft"]), float(point["score"]))
-        legend = "SFT at temperature T (validation prompts)" if i == 0 else None
-        ax.plot(*xy, "D", color=_color("sft"), markersize=6, label=legend)
+        entry = "SFT at temperature T (validation prompts)" if i == 0 else None
+        ax.plot(*xy, "D", color=_color("sft"), markersize=6, label=entry)
         ax.annotate(f"SFT T={t}", xy, xytext=(4, 4), textcoords="offset points", fontsize=8)
     ax.set(
-        title=f"{label.capitalize()} against KL to SFT: RL, best-of-n and SFT's temperatures",
+        title=f"{label} against KL to SFT: RL, best-of-n and SFT's temperatures",
         xlabel="KL to the SFT policy (nats per answer, exact)",
         ylabel=label,
     )

@@ -390,13 +390,13 @@ def write(
             lambda path: plots.scores_by_task(path, by_policy, caption, "mean gold score (0-1)"),
         )
     if "temperature_sweep" in metrics:
-        label = "gold score" if metrics["primary_judge"] == "gold" else "RM score"
+        by_gold = metrics["primary_judge"] == "gold"
         figure(
-            f"{label.capitalize()} against KL to SFT: RL policies along training, best-of-n "
-            "and SFT at each temperature",
+            f"{plots.score_label(by_gold)} against KL to SFT: RL policies along training, "
+            "best-of-n and SFT at each temperature",
             "score_against_kl",
             lambda path: plots.score_against_kl(
-                path, curves, metrics["best_of_n"], metrics["temperature_sweep"]["sft"], label
+                path, curves, metrics["best_of_n"], metrics["temperature_sweep"]["sft"], by_gold
             ),
         )
     if any(len(curve) > 1 for curve in curves.values()):

@@ -1,5 +1,6 @@
 import re
 
+import pytest
 from PIL import Image
 
 from rlhf.eval import plots
@@ -142,8 +143,13 @@ def test_figures_are_written_as_png(tmp_path):
         assert colours is None or len(colours) > 50  # lines, bars and anti-aliased text
 
 
-def test_the_score_against_kl_figure_names_its_judge(tmp_path, monkeypatch):
-    """Title and y axis say whose score it is, with SFT's temperatures drawn on it too."""
+@pytest.mark.parametrize(
+    ("by_gold", "label", "best_of_n_score"), [(True, "Gold score", 0.65), (False, "RM score", 0.1)]
+)
+def test_the_score_against_kl_figure_names_its_judge_and_plots_its_scores(
+    tmp_path, monkeypatch, by_gold, label, best_of_n_score
+):
+    """Title and y axis say whose score it is, and the points are that judge's."""
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
     best_of_n = {"2": {"kl_to_sft": 0.2, "gold_sampled": 0.65, "rm_sampled": 0.1}}
@@ -151,9 +157,10 @@ def test_the_score_against_kl_figure_names_its_judge(tmp_path, monkeypatch):
         "0.7": {"kl_to_sft": 0.3, "score": 0.7},
         "1.0": {"kl_to_sft": 0.0, "score": 0.6},
     }
-    plots.score_against_kl(
-        tmp_path / "k.png", curve((0.6, -0.2)), best_of_n, temperatures, "gold score"
-    )
+    plots.score_against_kl(tmp_path / "k.png", curve((0.6, -0.2)), best_of_n, temperatures, by_gold)
     (ax,) = drawn[0].axes
-    assert ax.get_title().startswith("Gold score against KL to SFT")
-    assert ax.get_ylabel() == "gold score"
+    assert ax.get_title().startswith(f"{label} against KL to SFT")
+    assert ax.get_ylabel() == label
+    policy, best_of, *_ = ax.get_lines()
+    assert list(policy.get_ydata()) == [0.6 if by_gold else -0.2]
+    assert list(best_of.get_ydata()) == [best_of_n_score]
