@@ -147,7 +147,9 @@ def test_changing_an_indirectly_imported_module_makes_every_stage_that_runs_it_s
 
 def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tmp_path):
     """An algorithm's own params rerun that algorithm and the evaluation only; DVC's views
-    show the headline numbers that moved, that policy's, in a 120-column terminal: `dvc
+    show the headline numbers that moved, that policy's (its KL to SFT, and which of its win
+    rates over the tiny config's 36 prompts change depends on the CPU's float rounding: the
+    sampled one stayed at its 4 decimals on an Intel Xeon), in a 120-column terminal: `dvc
     metrics show` a row per file, and the README's `dvc exp show` recipe the changed param and
     the numbers it keeps, also once every metric differs (another CPU's run). On a copy of the
     project: the experiment stays in its workspace, and the other tests find the project as
@@ -160,9 +162,9 @@ def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tm
     assert stages_ran(out) == {"rl@ppo", "evaluate"}
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
     assert set(diff) == {"metrics/eval/ppo.json"}  # SFT's, GRPO's, DPO's and the RM's stay
-    assert {"win", "gold", "kl"} <= set(diff["metrics/eval/ppo.json"])
-    rate = diff["metrics/eval/ppo.json"]["win"]
-    assert rate["old"] != rate["new"]
+    moved = diff["metrics/eval/ppo.json"]
+    assert "kl" in moved and {"win", "win_t", "win_greedy", "win_bon"} & moved.keys()
+    assert all(number["old"] != number["new"] for number in moved.values())
 
     table = sh(["dvc", "metrics", "show"], project, TERMINAL)
     assert width(table) <= 120, table

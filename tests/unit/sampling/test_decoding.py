@@ -46,13 +46,14 @@ def test_static_steps_sample_what_eager_steps_sample(name, sampling, pad, monkey
     """The static path (preallocated cache read whole, every nucleus draw at once) captured
     by dynamo against the eager steps, from the same streams: the same tokens, rows ending
     at different steps, and log-probs within float rounding (the static cache's attention
-    sums over the whole buffer)."""
+    sums over the whole buffer, in another order under AVX-512 than AVX2: 10 units in the last
+    place of a log-prob of -1.45 on an Intel Xeon): float32's relative tolerance, 1.3e-6."""
     monkeypatch.setattr(decoding, "COMPILE_BACKEND", "eager")
     model, config = MODELS[name](), SAMPLINGS[sampling]
     eager = decode(model, "eager", config, monkeypatch, pad)
     static = decode(model, "compiled", config, monkeypatch, pad)
     assert torch.equal(static.tokens, eager.tokens) and torch.equal(static.mask, eager.mask)
-    torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-6, rtol=1.3e-6)
     if name == "gpt":
         assert len(set(eager.mask.sum(-1).tolist())) > 1  # rows ended apart
 
