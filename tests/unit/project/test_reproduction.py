@@ -188,8 +188,8 @@ def test_another_cpus_run_of_the_default_lies_within_the_committed_spread():
 
 @pytest.mark.parametrize("policy", ["ppo", "grpo", "dpo"])
 def test_a_policy_that_learned_nothing_leaves_the_committed_spread(policy):
-    """SFT itself as the policy: even, decoded any way, with SFT's gold scores and no KL. The
-    band is wide for three seeds, not so wide that a stage that stopped learning passes."""
+    """SFT itself as the policy: win rates of 0.5 however decoded, SFT's gold scores, no KL.
+    The band is wide for three seeds, not so wide that a stage that stopped learning passes."""
     sft = committed_spread()
     stalled = {f"eval/{policy}:{k}": 0.5 for k in ("win", "win_t", "win_greedy", "win_bon")}
     stalled |= {f"eval/{policy}:{k}": sft[f"eval/sft:{k}"].mean for k in ("gold", "gold_greedy")}
