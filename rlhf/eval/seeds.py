@@ -33,12 +33,13 @@ NOISE_STDS = 2.0  # a value this many seed standard deviations from the mean is 
 # a pipeline that stopped learning does (a policy no better than SFT, a reward model at chance).
 OTHER_CPU_STDS = 4.0
 # The least standard deviation a number is credited with. Three seeds estimate it with two
-# degrees of freedom: one time in seven the estimate is under 40% of the truth, and with 25
-# numbers some always are. A headline number's true spread is at least its evaluation's own
-# sampling error (a win rate over 222 prompts: about 0.01) plus the training's; the default on
-# an Intel Xeon (its seed 1234 another draw) put GRPO's `win` 4.5 of three AMD seeds' 0.0092
-# under their mean, and its deviation over the four runs is 0.024. At 0.02 every number of that
-# run lies within 2.2 (tests/unit/project/test_reproduction.py holds the run).
+# degrees of freedom: one time in seven the estimate is under 40% of the truth, and of 25
+# numbers some almost always are (all escape it one time in 50). A headline number's true
+# spread is at least its evaluation's own sampling error (a win rate over 222 prompts: about
+# 0.01) plus the training's; the default on an Intel Xeon (its seed 1234 another draw) put
+# GRPO's `win` 4.5 of three AMD seeds' 0.0092 under their mean, and its deviation over the four
+# runs is 0.024. At 0.02 every number of that run lies within 2.2
+# (tests/unit/project/test_reproduction.py holds the run).
 MIN_STD = 0.02
 ROUNDING = 1e-9  # far below any metric's 4 decimals, far above a mean's float error
 

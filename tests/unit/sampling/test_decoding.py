@@ -46,8 +46,8 @@ def test_static_steps_sample_what_eager_steps_sample(name, sampling, pad, monkey
     """The static path (preallocated cache read whole, every nucleus draw at once) captured
     by dynamo against the eager steps, from the same streams: the same tokens, rows ending
     at different steps, and log-probs within float rounding (the static cache's attention
-    sums over the whole buffer, in another order under AVX-512 than AVX2: 10 units in the last
-    place of a log-prob of -1.45 on an Intel Xeon): float32's relative tolerance, 1.3e-6."""
+    sums over the whole buffer; on an Intel Xeon, whose AVX-512 kernels sum in other orders, a
+    log-prob of -1.45 came 10 units in the last place apart): float32's relative tolerance."""
     monkeypatch.setattr(decoding, "COMPILE_BACKEND", "eager")
     model, config = MODELS[name](), SAMPLINGS[sampling]
     eager = decode(model, "eager", config, monkeypatch, pad)
