@@ -164,7 +164,6 @@ def test_experiment_with_another_kl_coef_shows_changed_win_rates(dvc_project, tm
     assert set(diff) == {"metrics/eval/ppo.json"}  # SFT's, GRPO's, DPO's and the RM's stay
     moved = diff["metrics/eval/ppo.json"]
     assert "kl" in moved and {"win", "win_t", "win_greedy", "win_bon"} & moved.keys()
-    assert all(number["old"] != number["new"] for number in moved.values())
 
     table = sh(["dvc", "metrics", "show"], project, TERMINAL)
     assert width(table) <= 120, table
