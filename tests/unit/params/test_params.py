@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -7,19 +9,34 @@ from rlhf.params.schema import group_hash
 from conftest import REPO
 
 
+def values_by_key(path: Path) -> dict[str, object]:
+    """A params file's values as `-S` names them (`group.key`), comments dropped."""
+    raw = yaml.safe_load(path.read_text())
+    return {
+        f"{group}.{key}" if isinstance(values, dict) else group: value
+        for group, values in raw.items()
+        for key, value in (values.items() if isinstance(values, dict) else [(None, values)])
+    }
+
+
 @pytest.mark.parametrize(
     "name",
     ["params.yaml", *(str(p.relative_to(REPO)) for p in sorted(REPO.glob("examples/*.yaml")))],
 )
 def test_shipped_params_files_are_valid_and_cover_every_field(name):
     load_params(REPO / name)
-    raw = yaml.safe_load((REPO / name).read_text())
-    shipped = {
-        f"{group}.{key}" if isinstance(values, dict) else group
-        for group, values in raw.items()
-        for key in (values if isinstance(values, dict) else [None])
-    }
-    assert shipped == {key for key, _, _ in describe()}
+    assert values_by_key(REPO / name).keys() == {key for key, _, _ in describe()}
+
+
+def test_the_reward_model_budget_is_the_default_with_its_two_changes_only():
+    """examples/rm-budget.params.yaml is what docs/results.md measured against the default: a
+    default that moves on (a new KL coefficient, PPO-ptx, more iterations) must move it too,
+    or its figures describe some older default."""
+    default = values_by_key(REPO / "params.yaml")
+    budget = values_by_key(REPO / "examples" / "rm-budget.params.yaml")
+    assert budget.keys() == default.keys()
+    changed = {key: (default[key], budget[key]) for key in default if budget[key] != default[key]}
+    assert changed == {"data.n_prompts": (3000, 12000), "collect.k": (4, 8)}
 
 
 def test_missing_keys_take_documented_defaults():
