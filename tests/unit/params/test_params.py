@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf.eval.metric_keys import flattened
 from rlhf.params import Params, ParamsError, describe, load_params, parse_params
 from rlhf.params.schema import group_hash
 
@@ -11,12 +12,7 @@ from conftest import REPO
 
 def values_by_key(path: Path) -> dict[str, object]:
     """A params file's values as `-S` names them (`group.key`), comments dropped."""
-    raw = yaml.safe_load(path.read_text())
-    return {
-        f"{group}.{key}" if isinstance(values, dict) else group: value
-        for group, values in raw.items()
-        for key, value in (values.items() if isinstance(values, dict) else [(None, values)])
-    }
+    return flattened("", yaml.safe_load(path.read_text()))
 
 
 @pytest.mark.parametrize(
