@@ -225,7 +225,7 @@ def run_time_markdown(record: Mapping[str, Any] | None) -> list[str]:
 ELSEWHERE = {
     "portable": "other x86-64 CPU families write the same bytes",
     "avx2": "torch's and oneDNN's kernels are capped at AVX2 on every CPU, but MKL's matrix "
-    "products follow AMD's own pick on AMD CPUs and the AVX2 branch on Intel ones, so an Intel "
+    "products follow AMD's own pick on AMD CPUs and the AVX2 branch on Intel ones, so {other} "
     "CPU writes other bytes",
     "native": "only the same CPU model writes the same bytes",
 }
@@ -236,13 +236,14 @@ def cpu_markdown(signature: Mapping[str, str] | None) -> list[str]:
     if signature is None:
         return []
     kernels = signature.get("kernels", "native")
+    other = "an AMD" if signature.get("vendor") == "GenuineIntel" else "an Intel"
     return [
         f"**Made on** {signature['model']} (`cpu_kernels: {kernels}`, torch {signature['torch']}; "
-        f"`docs/committed-cpu.json`): {ELSEWHERE[kernels]} (docs/concepts.md, reproducibility "
-        "guarantees). Where a run's bytes differ, training compounds the difference from the "
-        "first step into other numbers, as another seed would: `rlhf reproduced` checks that "
-        "each headline number lies within the seed spread below. CI runs the same check and "
-        "says whether the bytes matched.",
+        f"`docs/committed-cpu.json`): {ELSEWHERE[kernels].format(other=other)} (docs/concepts.md, "
+        "reproducibility guarantees). Where a run's bytes differ, training compounds the "
+        "difference from the first step into other numbers, as another seed would: `rlhf "
+        "reproduced` checks that each headline number lies within the seed spread below. CI runs "
+        "the same check and says whether the bytes matched.",
         "",
     ]
 

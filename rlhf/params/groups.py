@@ -650,9 +650,9 @@ class ParamsFile:
         "torch's and oneDNN's kernels capped at AVX2, MKL's matrix products on its AVX2 branch "
         "on Intel CPUs (AMD ones run MKL's own pick): the same bytes on any Intel CPU with "
         "AVX2 whatever its generation, at full speed on AVX2 CPUs. `portable`: MKL's "
-        "COMPATIBLE branch instead, the "
-        "one that computes the same on Intel and AMD, for the same bytes across CPU families; "
-        "twice as slow on the default run (docs/concepts.md, reproducibility guarantees). "
+        "COMPATIBLE branch instead, the one MKL promises computes the same on Intel and AMD; "
+        "measured, it does not give an AVX-512 Intel Xeon an AMD EPYC's bytes, and it is twice "
+        "as slow on the default run (docs/concepts.md, reproducibility guarantees). "
         "`native`: each library picks the CPU's fastest (AVX-512, AMX): the same bytes only "
         "on the same CPU model.",
     )

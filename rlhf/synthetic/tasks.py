@@ -69,6 +69,10 @@ class TaskFamily:
     score: Callable[[Spec, str], float]
     # the one right final answer, for tasks that have one: what `check:EXTRACTOR` compares with
     reference: Callable[[Spec], str] | None = None
+    # slots naming what a model can only know from training (a country's capital, a name or
+    # word to copy): `split_prompts` keeps each value in some training prompt, so held-out
+    # prompts ask for new phrasings of what was taught, not for facts no training data holds
+    taught: tuple[str, ...] = ()
 
     def prompts(self) -> list[str]:
         return [t.format(**s) for t in self.templates for s in self.slots()]
@@ -213,6 +217,7 @@ GREET = TaskFamily(
         lambda s, rng: f"{s['name']}.",
     ),
     score=_greet_score,
+    taught=("name",),
 )
 
 
@@ -319,6 +324,7 @@ CAPITAL = TaskFamily(
     ),
     score=_capital_score,
     reference=lambda s: CAPITALS[str(s["country"])],
+    taught=("country",),
 )
 
 
@@ -352,6 +358,7 @@ REPEAT = TaskFamily(
     ),
     score=_repeat_score,
     reference=lambda s: " ".join([str(s["word"])] * int(str(s["n"]))),
+    taught=("word",),
 )
 
 
@@ -420,6 +427,7 @@ UPPERCASE = TaskFamily(
     ),
     score=_uppercase_score,
     reference=lambda s: str(s["word"]).upper(),
+    taught=("word",),
 )
 
 FAMILIES: dict[str, TaskFamily] = {
@@ -477,20 +485,45 @@ def split_prompts(
     """Shuffle each family's prompt space and cut it into held-out, validation and train pools.
 
     Held-out prompts are split evenly across families (capped at 40% of a family's space, so
-    training keeps most of it), so no family carries the evaluation mean.
+    training keeps most of it), so no family carries the evaluation mean. Each value of a
+    family's `taught` slots keeps one training prompt, the first of its prompts in the shuffled
+    order: "Name the capital of China." held out is a fair question only where some training
+    prompt asks for China's capital in other words.
     """
     rng = random.Random(seed)
     per_family = max(1, n_heldout // len(families))
     split = PromptSplit(train={}, val={}, heldout={})
     for name in families:
-        pool = FAMILIES[name].prompts()
+        family = FAMILIES[name]
+        pool = family.prompts()
         rng.shuffle(pool)
+        kept, rest = _one_prompt_per_taught_value(family, pool)
         n_held = min(per_family, int(0.4 * len(pool)))
         n_val = max(1, int(val_share * len(pool)))
-        split.heldout[name] = pool[:n_held]
-        split.val[name] = pool[n_held : n_held + n_val]
-        split.train[name] = pool[n_held + n_val :]
+        split.heldout[name] = rest[:n_held]
+        split.val[name] = rest[n_held : n_held + n_val]
+        split.train[name] = kept + rest[n_held + n_val :]
     return split
+
+
+def _one_prompt_per_taught_value(
+    family: TaskFamily, pool: list[str]
+) -> tuple[list[str], list[str]]:
+    """The first prompt in `pool` for each combination of the family's taught slot values
+    (none where it has no taught slots), and the prompts left, both in `pool`'s order."""
+    if not family.taught:
+        return [], pool
+    kept: dict[tuple[str, ...], str] = {}
+    rest = []
+    for prompt in pool:
+        spec = family.parse(prompt)
+        assert spec is not None  # the family's own prompt
+        value = tuple(str(spec[slot]) for slot in family.taught)
+        if value in kept:
+            rest.append(prompt)
+        else:
+            kept[value] = prompt
+    return list(kept.values()), rest
 
 
 def demonstrate(prompt: str, noise: float, rng: random.Random) -> Demonstration:

@@ -26,6 +26,29 @@ def test_heldout_prompts_never_appear_in_training_or_validation(sets):
     assert heldout and not heldout & seen
 
 
+@pytest.mark.parametrize("seed", [1, 2, 1234])
+def test_every_value_a_heldout_prompt_names_is_taught_by_a_training_prompt(seed):
+    """The capital of a country no training prompt names cannot be learned, by SFT or RL: a
+    held-out or validation prompt may phrase a taught value anew, never name an untaught one."""
+    split = tasks.split_prompts(DataParams().tasks, DataParams().n_heldout, seed)
+
+    def values(family: tasks.TaskFamily, prompts: list[str]) -> set[tuple[str, ...]]:
+        specs = [family.parse(p) for p in prompts]
+        return {tuple(str(s[slot]) for slot in family.taught) for s in specs if s}
+
+    for name, train in split.train.items():
+        family = tasks.FAMILIES[name]
+        asked = values(family, split.heldout[name]) | values(family, split.val[name])
+        assert asked <= values(family, train), name
+    assert {n for n, f in tasks.FAMILIES.items() if f.taught} == {
+        "greet",
+        "capital",
+        "repeat",
+        "uppercase",
+    }
+    assert sum(len(pool) for pool in split.heldout.values()) == 222
+
+
 def test_no_family_exceeds_thirty_percent_of_heldout(sets):
     counts = Counter(r["task"] for r in sets["prompts_heldout"])
     assert len(counts) == len(tasks.FAMILIES)
