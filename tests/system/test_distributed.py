@@ -83,11 +83,12 @@ def two_process_runs(trained_project, directory, stage, overrides, strategies, c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["sft", "rm", "dpo"])
+@pytest.mark.parametrize("stage", ["rm", "dpo"])
 def test_two_processes_take_the_step_one_takes(trained_project, tmp_path, stage, crashes):
     """One step over the whole training set, split 2 ways by rows of unequal size, the model
     replicated (DDP) or sharded (FSDP2): the losses and the validation after the step agree
-    with one process within 1e-5, and the two ways write the same model within 1e-5."""
+    with one process within 1e-5, and the two ways write the same model within 1e-5 (the
+    checkpoint code is every stage's). SFT's steps are the whole-run test's below."""
     single, runs = two_process_runs(
         trained_project, tmp_path, stage, ONE_STEP[stage], ("ddp", "fsdp2"), crashes
     )
@@ -112,13 +113,16 @@ def test_a_full_tiny_run_at_two_processes_matches_one(trained_project, tmp_path,
     1e-4 is the tolerance. The reward model and DPO train in the same loop
     (`rlhf.train.loop`: epochs, schedule, saves, the ranks' shares of each batch), so their
     whole runs would repeat this at a minute of the suite's time; what is theirs, each
-    step's loss over rows the ranks share unevenly, the one-step test checks at 1e-5."""
+    step's loss over rows the ranks share unevenly, the one-step test checks at 1e-5. SFT's
+    token-weighted loss over ranks that hold unequal token counts is this run's: every step's
+    loss within 1e-4, the first (one step from the same weights) within 1e-5."""
     stage = "sft"
     single, runs = two_process_runs(trained_project, tmp_path, stage, {}, ("ddp", "fsdp2"), crashes)
     for project in runs.values():
         two = metrics(project, stage)
         assert_close(two, single, LOSSES[stage], rel=1e-4)
         assert two["step_losses"] == pytest.approx(single["step_losses"], rel=1e-4)
+        assert two["step_losses"][0] == pytest.approx(single["step_losses"][0], rel=1e-5)
         assert two["steps"] == single["steps"]
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -144,21 +145,6 @@ def test_what_a_stage_flow_run_publishes_is_found_without_loading_torch(trained_
     assert torch_loaded is False
 
 
-def test_a_ppo_override_reruns_ppo_and_what_follows(in_copy):
-    state = pipeline(overrides=["ppo.kl_coef=0.3"], return_state=True)
-    assert state.is_completed(), state.message
-    ran = {"rl@ppo", "evaluate"}
-    assert stage_states(state) == {s: "Completed" if s in ran else SKIPPED for s in ALL_STAGES}
-    assert yaml.safe_load((in_copy / "params.yaml").read_text())["ppo"]["kl_coef"] == 0.3
-    APILogHandler().flush()  # logs reach the API in batches
-    run = LogFilterFlowRunId(any_=[state.state_details.flow_run_id])
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=run), limit=200)  # the earliest
-    messages = "\n".join(log.message for log in logs)
-    assert "Running stage 'rl@ppo'" in messages  # DVC's output
-    assert "rl@ppo: [" in messages  # the stage's own sample answers
-
-
 def own_baseline(project: Path) -> Path:
     """The project's own headline numbers as a baseline of one seed (`rlhf compare --json`'s
     layout): std 0, so a number must stay within 4 x 0.01 of its value."""
@@ -179,21 +165,53 @@ def compare_with(baseline: Path, project: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_a_canary_run_fails_when_a_headline_number_leaves_the_baselines_band(in_copy):
-    """The canary at the baseline's params completes; a change that moves PPO (no KL penalty,
-    a large step) fails it, named Drifted, with the drifted numbers in its message and the
-    table artifact; `rlhf compare --baseline` agrees, by its exit status."""
-    baseline = own_baseline(in_copy)
-    same = pipeline(baseline=baseline.name, return_state=True)
-    assert same.is_completed(), same.message
-    assert set(stage_states(same).values()) == {SKIPPED}
-    passed = compare_with(baseline, in_copy)
-    assert passed.returncode == 0, passed.stderr
-    assert "within 4 std of the baseline baseline.json on every number" in passed.stderr
+@pytest.fixture(scope="module")
+def canary(flow_project, tmp_path_factory) -> SimpleNamespace:
+    """A canary run at the project's own numbers as its baseline (`same`, then `rlhf compare
+    --baseline`: `passed`), then one whose PPO override (no KL penalty, a large step) moves
+    PPO (`moved`, then `failed`): one PPO rerun that the override and canary tests share."""
+    project = tmp_path_factory.mktemp("canary") / "project"
+    shutil.copytree(flow_project, project)
+    with pytest.MonkeyPatch.context() as monkeypatch, inside(project, monkeypatch):
+        baseline = own_baseline(project)
+        same = pipeline(baseline=baseline.name, return_state=True)
+        passed = compare_with(baseline, project)
+        moved = pipeline(
+            overrides=["ppo.kl_coef=0.0", "+ppo.lr=0.01"], baseline=baseline.name,
+            return_state=True,
+        )  # fmt: skip
+        failed = compare_with(baseline, project)
+        return SimpleNamespace(
+            project=project, baseline=baseline, same=same, passed=passed, moved=moved,
+            failed=failed,
+        )  # fmt: skip
 
-    moved = pipeline(
-        overrides=["ppo.kl_coef=0.0", "+ppo.lr=0.01"], baseline=baseline.name, return_state=True
-    )
+
+def test_a_ppo_override_reruns_ppo_and_what_follows(canary):
+    ran = {"rl@ppo", "evaluate"}
+    assert stage_states(canary.moved) == {s: "Completed" if s in ran else SKIPPED
+                                          for s in ALL_STAGES}  # fmt: skip
+    params = yaml.safe_load((canary.project / "params.yaml").read_text())
+    assert params["ppo"]["kl_coef"] == 0.0 and params["ppo"]["lr"] == 0.01
+    APILogHandler().flush()  # logs reach the API in batches
+    run = LogFilterFlowRunId(any_=[canary.moved.state_details.flow_run_id])
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=run), limit=200)  # the earliest
+    messages = "\n".join(log.message for log in logs)
+    assert "Running stage 'rl@ppo'" in messages  # DVC's output
+    assert "rl@ppo: [" in messages  # the stage's own sample answers
+
+
+def test_a_canary_run_fails_when_a_headline_number_leaves_the_baselines_band(canary, in_copy):
+    """The canary at the baseline's params completes; a change that moves PPO fails it, named
+    Drifted, with the drifted numbers in its message and the table artifact; `rlhf compare
+    --baseline` agrees, by its exit status."""
+    assert canary.same.is_completed(), canary.same.message
+    assert set(stage_states(canary.same).values()) == {SKIPPED}
+    assert canary.passed.returncode == 0, canary.passed.stderr
+    assert "within 4 std of the baseline baseline.json on every number" in canary.passed.stderr
+
+    moved = canary.moved
     assert moved.is_failed() and moved.name == DRIFTED
     assert moved.message.startswith("drifted from the baseline baseline.json (4 std): eval/ppo:")
     with get_client(sync_client=True) as client:
@@ -203,14 +221,14 @@ def test_a_canary_run_fails_when_a_headline_number_leaves_the_baselines_band(in_
     drifted = {row["number"] for row in rows if row["verdict"] == "drift"}
     assert drifted and all(key.startswith("eval/ppo:") for key in drifted)  # PPO alone moved
     assert all(f"{key}:" in moved.message for key in drifted)
-    failed = compare_with(baseline, in_copy)
-    assert failed.returncode == 1 and moved.message in failed.stderr
+    assert canary.failed.returncode == 1 and moved.message in canary.failed.stderr
 
     # refused before any stage runs: a baseline that is not there, a run that does not evaluate
     missing = pipeline(baseline="nowhere.json", return_state=True)
     assert missing.name == REFUSED and "nowhere.json: no such baseline file" in missing.message
     assert stage_states(missing) == {}
-    short = pipeline(target="rm", baseline=baseline.name, return_state=True)
+    shutil.copy(canary.baseline, in_copy / canary.baseline.name)
+    short = pipeline(target="rm", baseline=canary.baseline.name, return_state=True)
     assert short.name == REFUSED and "the target must be evaluate" in short.message
 
 
@@ -469,7 +487,8 @@ def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, 
     (upstream / "params.yaml").write_text(yaml.safe_dump(params))
     sh(["git", "commit", "-q", "-am", "fewer bootstrap resamples"], upstream)
     nightly = "rlhf-pipeline/rlhf-pipeline"
-    first = run_deployment(nightly, parameters={"overrides": ["ppo.kl_coef=0.3"]}, timeout=0)
+    overrides = ["evaluate.examples_per_task=2"]  # the report alone: no stage trains again
+    first = run_deployment(nightly, parameters={"overrides": overrides}, timeout=0)
     time.sleep(1)
     second = run_deployment(nightly, parameters={"target": "prepare"}, timeout=0)
     first, second = wait_for([first.id, second.id], timeout_s=600)
@@ -480,7 +499,7 @@ def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, 
 
     assert sh(["git", "rev-parse", "HEAD"], worker).strip() == host_head  # the branch stays
     assert (worker / "params.yaml").read_text() == host_params  # and the person's files
-    ran = {"rl@ppo", "evaluate"}
+    ran = {"evaluate"}
     assert recorded_and_dispatched(first.id) == (
         {s: SKIPPED for s in ALL_STAGES if s not in ran},  # their outputs came from the remote
         {s: "Completed" for s in ran},  # only these went to the worker
@@ -494,10 +513,11 @@ def test_nightly_deployment_pulls_runs_pushes_and_records_an_experiment(worker, 
     baseline = sh(["git", "rev-parse", f"{commit}^"], worker).strip()
     assert baseline == sh(["git", "rev-parse", "HEAD"], upstream).strip()  # the fetched code
     recorded = yaml.safe_load(sh(["git", "show", f"{commit}:params.yaml"], worker))
-    assert recorded["ppo"]["kl_coef"] == 0.3 and recorded["evaluate"]["bootstrap_resamples"] == 100
+    evaluate = recorded["evaluate"]  # the override, and the fetched commit's change
+    assert (evaluate["examples_per_task"], evaluate["bootstrap_resamples"]) == (2, 100)
     lock = yaml.safe_load(sh(["git", "show", f"{commit}:dvc.lock"], worker))
-    (policy,) = [o for o in lock["stages"]["rl@ppo"]["outs"] if o["path"].endswith("model.pt")]
-    md5 = policy["md5"]
+    (details,) = [o for o in lock["stages"]["evaluate"]["outs"] if o["path"].endswith(".json")]
+    md5 = details["md5"]  # new: the fetched commit's bootstrap draws other intervals
     assert (
         upstream.parent / "rlhf-pipeline-storage" / "files" / "md5" / md5[:2] / md5[2:]
     ).exists()
