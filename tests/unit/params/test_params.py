@@ -24,15 +24,22 @@ def test_shipped_params_files_are_valid_and_cover_every_field(name):
     assert values_by_key(REPO / name).keys() == {key for key, _, _ in describe()}
 
 
-def test_the_reward_model_budget_is_the_default_with_its_two_changes_only():
-    """examples/rm-budget.params.yaml is what docs/results.md measured against the default: a
-    default that moves on (a new KL coefficient, PPO-ptx, more iterations) must move it too,
-    or its figures describe some older default."""
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        ("rm-budget", {"data.n_prompts": (3000, 12000), "collect.k": (4, 8)}),
+        ("flawed-demos", {"data.demo_noise": (0.3, 0.8)}),
+    ],
+)
+def test_a_measured_example_is_the_default_with_its_own_changes_only(name, changes):
+    """The reward-model budget and the flawed demonstrations are what docs/results.md measured
+    against the default: a default that moves on (a new KL coefficient, PPO-ptx, more
+    iterations) must move them too, or their figures describe some older default."""
     default = values_by_key(REPO / "params.yaml")
-    budget = values_by_key(REPO / "examples" / "rm-budget.params.yaml")
-    assert budget.keys() == default.keys()
-    changed = {key: (default[key], budget[key]) for key in default if budget[key] != default[key]}
-    assert changed == {"data.n_prompts": (3000, 12000), "collect.k": (4, 8)}
+    example = values_by_key(REPO / "examples" / f"{name}.params.yaml")
+    assert example.keys() == default.keys()
+    changed = {key: (default[key], example[key]) for key in default if example[key] != default[key]}
+    assert changed == changes
 
 
 def test_missing_keys_take_documented_defaults():
