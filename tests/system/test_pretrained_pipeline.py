@@ -347,5 +347,10 @@ def test_people_rank_the_answers_in_the_terminal_and_the_reward_model_trains_on_
     assert collect["labels"] == len(queue) + 4 and collect["labelers"] == 2
     assert collect["inter_labeler_agreement"] == 1.0  # both rank by length
     assert collect["items_labeled_twice"] == 4
-    assert read_metrics("rm", project)["steps"] > 0
+    ordered = sum(  # the held-out pairs the two people ranked apart
+        row["ranks"][i] != row["ranks"][j]
+        for row in read_rows(project / paths.COMPARISONS_VAL, COMPARISON_SCHEMA)
+        for i, j in combinations(range(len(row["ranks"])), 2)
+    )
+    assert ordered > 0 and read_metrics("rm", project)["pairs_val"] == ordered
     assert "up to date" in sh(["dvc", "status", "rm"], project).stdout
