@@ -259,10 +259,22 @@ def spread_cell(compared: Compared, key: str) -> str:
 
 
 def seeds_markdown(compared: Compared) -> list[str]:
+    """The default's spread over seeds, with how it was measured."""
+    seeds = sorted(compared["seeds"], key=int)
+    return [
+        f"**Over {len(seeds)} seeds** of the default ({', '.join(seeds)}; `rlhf seeds`, then "
+        "`rlhf compare --json > docs/seeds.json`): mean ± standard deviation (min – max). A "
+        "difference smaller than about two standard deviations is seed noise. Win rates by "
+        f"the {JUDGE} judge, ties half.",
+        "",
+        *seeds_table(compared),
+    ]
+
+
+def seeds_table(compared: Compared) -> list[str]:
     """The spread over seeds of the numbers a reader compares, a row per measure and a column
     per policy: the win rates over SFT's baselines, gold scores and KL to SFT;
     then the reward model's gold accuracy. A measure no seed has is left out."""
-    seeds = sorted(compared["seeds"], key=int)
     keys = compared["spread"]
     files, prefix = {key.partition(":")[0] for key in keys}, POLICY_FILE.format(policy="")
     policies = sorted(f.removeprefix(prefix) for f in files if f.startswith(prefix))
@@ -276,11 +288,6 @@ def seeds_markdown(compared: Compared) -> list[str]:
     ]
     accuracy = f"`{RM_TARGET.key}`, {spread_cell(compared, RM_TARGET.key)}"
     return [
-        f"**Over {len(seeds)} seeds** of the default ({', '.join(seeds)}; `rlhf seeds`, then "
-        "`rlhf compare --json > docs/seeds.json`): mean ± standard deviation (min – max). A "
-        "difference smaller than about two standard deviations is seed noise. Win rates by "
-        f"the {JUDGE} judge, ties half.",
-        "",
         *markdown_table(["number", *policies], shown),
         f"The reward model's gold accuracy, {accuracy}.",
         "",

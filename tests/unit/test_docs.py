@@ -5,6 +5,7 @@ build, anchors included, runs in the README's test command, not here; that the c
 results pages are those of the committed metrics, in tests/unit/test_default_run.py.)"""
 
 import importlib.util
+import json
 import re
 import statistics
 import subprocess
@@ -55,15 +56,15 @@ def test_relative_links_point_at_files(page):
     assert missing == [], f"{page.relative_to(REPO)} links to files that do not exist"
 
 
-def load_results_script():
-    """docs/results.py as a module (registered first: its dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location("docs_results", REPO / "docs" / "results.py")
+def load_docs_script(name: str):
+    """docs/NAME.py as a module (registered first: its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", REPO / "docs" / f"{name}.py")
     script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
 
 
-results = load_results_script()
+results = load_docs_script("results")
 
 
 def compared_runs(runs: dict[str, dict[str, float]]) -> dict:
@@ -242,16 +243,7 @@ def test_findings_by_task_and_along_training():
     assert f"PPO's gold score goes {peak}" in block
 
 
-def load_verifiable_script():
-    spec = importlib.util.spec_from_file_location(
-        "docs_verifiable", REPO / "docs" / "verifiable.py"
-    )
-    script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
-
-verifiable = load_verifiable_script()
+verifiable = load_docs_script("verifiable")
 
 
 def checked_run(sft: float, grpo: float) -> dict:
@@ -310,3 +302,95 @@ def test_the_variants_block_sets_each_grpo_variant_beside_the_others_at_its_seed
 
 def test_the_verifiable_block_is_the_recorded_seeds():
     assert verifiable.main(["--check"]) == 0
+
+
+examples = load_docs_script("examples")
+
+
+def example_run(numbers: dict, low: float) -> dict:
+    """One seed of an example as docs/examples.py records it: every decoding win rate's
+    interval from `low` to 0.7."""
+    intervals = {k: interval(low, 0.7) for k in numbers if k.endswith(("win_t", "greedy", "bon"))}
+    return {"rev": "r", "numbers": numbers, "intervals": intervals,
+            "ceilings": {"best_temperature": 0.8, "greedy": 0.75}}  # fmt: skip
+
+
+EXAMPLE_RUNS = {  # PPO's win_t 0.61, 0.63, 0.62; DPO's 0.62, 0.48, 0.64; rm:acc 0.92, 0.90, 0.91
+    seed: example_run(NEW_SEEDS["seeds"][seed], low)
+    for seed, low in (("1", 0.52), ("2", 0.49), ("1234", 0.55))
+}
+
+
+def test_an_examples_targets_are_met_on_the_mean_and_at_every_seed_beside_the_default():
+    lines = examples.example_block("rm-budget", EXAMPLE_RUNS, OLD_SEEDS).splitlines()
+    changed = "(`collect.k=8`, `data.n_prompts=12000` against the default; seeds 1, 2, 1234"
+    assert changed in lines[0]
+    assert lines[0].endswith("ties half.")  # no run timed alone
+    assert row(lines, "PPO at its best temperature")[1:] == ["0.620", "0.610", "yes", "yes", "–"]
+    assert row(lines, "DPO at its best temperature")[1:] == ["0.580", "0.480", "no", "no", "–"]
+    assert row(lines, "The reward model")[1:] == ["0.910", "0.900", "yes", "yes", "0.865"]
+    assert not any(line.startswith("| GRPO") for line in lines)  # GRPO's baselines unmeasured
+    best_t = next(line for line in lines if line.startswith("- **Each at its best temperature"))
+    assert "PPO 0.610 (0.520 – 0.700) at seed 1, 0.630 (0.490 – 0.700) at seed 2" in best_t
+    assert best_t.endswith("Whole interval above 0.5 at every seed: none.")
+    assert lines[-1] == (
+        "A perfect policy would win 0.800 against SFT at its best temperature; 0.750 against SFT "
+        "greedy (the ceilings)."
+    )
+
+
+def test_the_readme_line_of_an_example_groups_its_targets_by_how_they_are_met():
+    timed = {**EXAMPLE_RUNS, "1234": EXAMPLE_RUNS["1234"] | {"seconds": 885}}
+    (line,) = examples.readme_block({"rm-budget": timed}).splitlines()
+    assert "met at every seed: PPO `win_t` 0.620, PPO `win_greedy` 0.570" in line
+    assert "PPO `win_bon` 0.520, `rm:acc` 0.910; not met: DPO `win_t` 0.580" in line
+    assert line.endswith("Each whole run, alone on a 2-core CPU: 14 min 45 s (seed 1234).")
+
+
+def locked(reward_model: str, evaluated_on: str, seed: int) -> str:
+    """A dvc.lock of two stages: the reward model, as the evaluation read it, each at `seed`."""
+    model = "artifacts/rm/model.pt"
+    return json.dumps({"schema": "2.0", "stages": {
+        "rm": {"params": {"params.yaml": {"seed": seed, "data.n_prompts": 12000}},
+               "outs": [{"path": model, "md5": reward_model}]},
+        "evaluate": {"params": {"params.yaml": {"seed": seed}},
+                     "deps": [{"path": model, "md5": evaluated_on}]},
+    }})  # fmt: skip
+
+
+def test_a_run_is_recorded_only_if_its_params_are_the_examples(monkeypatch, tmp_path):
+    """A run of the default is refused, naming what differs, and so is a run whose dvc.lock
+    says a stage ran on other params or inputs (part of the pipeline rerun); a run of the
+    example is recorded under its seed, with its intervals and ceilings, from the files DVC
+    reads at its rev."""
+    params = (REPO / "examples" / "rm-budget.params.yaml").read_text()
+    files = {
+        "params.yaml": params.replace("seed: 1234", "seed: 5"),
+        "metrics/details/eval.json": json.dumps({
+            **EVALUATION, "ceiling": {"gold": {"greedy": 0.75}}
+        }),
+        **{f"metrics/{name}.json": json.dumps({"win_t": 0.6, "acc": 0.9})
+           for name in ("rm", "eval/sft", "eval/ppo", "eval/grpo", "eval/dpo")},
+    }  # fmt: skip
+    files["dvc.lock"] = locked(reward_model="a", evaluated_on="a", seed=5)
+    monkeypatch.setattr(examples, "read_at", lambda rev, path: files[str(path)])
+    monkeypatch.setattr(examples, "RECORDED", tmp_path / "recorded.json")
+    assert examples.record("rm-budget", "exp-1", seconds=None) == "5"
+    (run,) = json.loads((tmp_path / "recorded.json").read_text())["rm-budget"].values()
+    assert run["numbers"]["eval/ppo:win_t"] == 0.6 and run["numbers"]["rm:acc"] == 0.9
+    assert run["intervals"]["eval/ppo:win_t"] == interval(0.49, 0.7)
+    assert run["ceilings"] == {"greedy": 0.75} and run["rev"] == "exp-1"
+    files["dvc.lock"] = locked(reward_model="b", evaluated_on="a", seed=5)  # `dvc exp run rm`
+    with pytest.raises(SystemExit, match=r"exp-1: its dvc\.lock says evaluate did not run on"):
+        examples.record("rm-budget", "exp-1", seconds=None)
+    files["dvc.lock"] = locked(reward_model="a", evaluated_on="a", seed=6)
+    with pytest.raises(SystemExit, match="says rm, evaluate did not run"):
+        examples.record("rm-budget", "exp-1", seconds=None)
+    files["params.yaml"] = (REPO / "params.yaml").read_text()
+    refused = r"not a run of examples/rm-budget\.params\.yaml: .*n_prompts"
+    with pytest.raises(SystemExit, match=refused):
+        examples.record("rm-budget", "exp-2", seconds=None)
+
+
+def test_the_examples_blocks_are_the_recorded_runs():
+    assert examples.main(["--check"]) == 0
