@@ -53,19 +53,26 @@ def example_file(example: str) -> Path:
     return EXAMPLES / f"{example}.params.yaml"
 
 
-def changes(example: str) -> list[str]:
-    """What the example changes of the default, `key=value` (its seed excluded)."""
+def changes(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]:
+    """`key=value` for each param that differs from the baseline's, the seed aside."""
+    return [c for c in params_changed(params, baseline) if not c.startswith("seed=")]
+
+
+def example_params(example: str) -> dict[str, Any]:
+    return read_params(lambda _: example_file(example).read_text())
+
+
+def example_changes(example: str) -> str:
+    """What the example changes of the default (the workspace's params.yaml), as prose shows it."""
     default = read_params(lambda _: (ROOT / paths.PARAMS).read_text())
-    ours = read_params(lambda _: example_file(example).read_text())
-    return [change for change in params_changed(ours, default) if not change.startswith("seed=")]
+    return ", ".join(f"`{change}`" for change in changes(example_params(example), default))
 
 
 def record(example: str, rev: str, seconds: float | None) -> str:
     """Add (or replace) the run at `rev` as its seed's run of `example`; returns the seed."""
     read = partial(read_at, rev)
     params, headline = read_run(read)
-    wanted = read_params(lambda _: example_file(example).read_text())
-    differ = [c for c in params_changed(params, wanted) if not c.startswith("seed=")]
+    differ = changes(params, example_params(example))
     if differ:
         raise SystemExit(f"{rev}: not a run of examples/{example}.params.yaml: {differ}")
     stale = stale_stages(yaml.safe_load(read(Path("dvc.lock"))), yaml.safe_load(read(paths.PARAMS)))
@@ -147,9 +154,8 @@ class Verdict:
 
     def short(self) -> str:
         """`PPO `win_t` 0.624`, `` `rm:acc` 0.787``: the target as prose names it, its mean."""
-        file, _, key = self.target.key.partition(":")
-        policy = file.removeprefix(results.POLICY_FILE.format(policy=""))
-        shown = f"{name(policy)} `{key}`" if policy != file else f"`{self.target.key}`"
+        policy, key = results.policy_of(self.target.key), self.target.key.partition(":")[2]
+        shown = f"{name(policy)} `{key}`" if policy else f"`{self.target.key}`"
         return f"{shown} {number(self.mean)}"
 
 
@@ -210,11 +216,7 @@ def example_block(
     """docs/results.md's block of one example: its spread over the seeds, the targets on the
     mean and at every seed beside the default's mean, each seed's intervals and ceilings."""
     seeds = compared(runs)
-    policies = sorted(
-        key.partition(":")[0].removeprefix(results.POLICY_FILE.format(policy=""))
-        for key in seeds["spread"]
-        if key.endswith(":win_t")
-    )
+    policies = sorted(results.policy_of(key) for key in seeds["spread"] if key.endswith(":win_t"))
     default_spread = (default or {}).get("spread", {})
     rows = []
     for verdict in verdicts(seeds):
@@ -240,7 +242,7 @@ def example_block(
     lines = [
         f"**Over {len(runs)} seed{'s' if len(runs) > 1 else ''}** of "
         f"`examples/{example}.params.yaml` "
-        f"({', '.join(f'`{c}`' for c in changes(example))} against the default; seeds "
+        f"({example_changes(example)} against the default; seeds "
         f"{', '.join(runs)}, recorded by `python docs/examples.py --record {example} REV` in "
         "docs/example-seeds.json): mean ± standard deviation (min – max), win rates by the "
         f"{results.JUDGE} judge, ties half.{timing(runs)}",
@@ -269,8 +271,8 @@ def readme_block(recorded: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str
             f"{label}: {', '.join(v.short() for v in group)}" for label, group in groups if group
         )
         lines.append(
-            f"- `examples/{example}.params.yaml` ({', '.join(f'`{c}`' for c in changes(example))}"
-            f"), seeds {', '.join(runs)}, means by the gold judge against issue 45's targets: "
+            f"- `examples/{example}.params.yaml` ({example_changes(example)}), seeds"
+            f" {', '.join(runs)}, means by the gold judge against issue 45's targets: "
             f"{said}.{timing(runs)}"
         )
     return "\n".join(lines)

@@ -110,6 +110,13 @@ COMPARISONS = (SAMPLED, BEST_TEMPERATURE, GREEDY, BEST_OF_N)
 MEASURES = ("gold_sampled", "gold_greedy", "kl_to_sft")
 
 
+def policy_of(key: str) -> str | None:
+    """The policy an `rlhf compare` key is of (`eval/ppo:win` -> `ppo`); None for a number
+    of another file (`rm:acc`)."""
+    file, prefix = key.partition(":")[0], POLICY_FILE.format(policy="")
+    return file.removeprefix(prefix) if file.startswith(prefix) else None
+
+
 def compared_key(policy: str, metric: str) -> str:
     """The `rlhf compare` key (docs/seeds.json) of `policy`'s `metric` (`win_rate`,
     `kl_to_sft`): its headline file and short key, `eval/ppo:win`."""
@@ -276,8 +283,7 @@ def seeds_table(compared: Compared) -> list[str]:
     per policy: the win rates over SFT's baselines, gold scores and KL to SFT;
     then the reward model's gold accuracy. A measure no seed has is left out."""
     keys = compared["spread"]
-    files, prefix = {key.partition(":")[0] for key in keys}, POLICY_FILE.format(policy="")
-    policies = sorted(f.removeprefix(prefix) for f in files if f.startswith(prefix))
+    policies = sorted({policy for key in keys if (policy := policy_of(key))})
     rows = [(c.label, [compared_key(p, c.metric) for p in policies]) for c in COMPARISONS] + [
         (ROW_LABELS.get(m, m), [compared_key(p, m) for p in policies]) for m in MEASURES
     ]

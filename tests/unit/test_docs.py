@@ -358,7 +358,7 @@ def locked(reward_model: str, evaluated_on: str, seed: int) -> str:
     }})  # fmt: skip
 
 
-def test_a_run_is_recorded_only_if_its_params_are_the_examples(monkeypatch, tmp_path):
+def test_a_run_is_recorded_only_if_it_ran_the_whole_example(monkeypatch, tmp_path):
     """A run of the default is refused, naming what differs, and so is a run whose dvc.lock
     says a stage ran on other params or inputs (part of the pipeline rerun); a run of the
     example is recorded under its seed, with its intervals and ceilings, from the files DVC
