@@ -4,11 +4,12 @@ records, so that "this committed result is what this code produces" is checked, 
 
 The scratch copy holds the workspace's files (git's tracked and untracked-but-not-ignored
 ones), the outputs `dvc.lock` records checked out of the repository's DVC cache, and any other
-dep the lock names (a model folder of the user's). Before each stage the recorded outputs are
-checked out again, so a stage replays on the recorded inputs even where an upstream replay
-differed. DVC runs the stage (`dvc repro --force --single-item --no-commit`: nothing is added
-to the cache) and writes the hashes into the scratch copy's `dvc.lock`; the user's workspace,
-outputs and cache are never written.
+dep the lock names (a model folder of the user's). After a stage whose replay differed or
+failed, the recorded outputs are checked out again, so every stage replays on the recorded
+inputs (after an identical replay the scratch copy holds them already). DVC runs the stage
+(`dvc repro --force --single-item --no-commit`: nothing is added to the cache) and writes the
+hashes into the scratch copy's `dvc.lock`; the user's workspace, outputs and cache are never
+written.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ def read_lock(root: Path) -> dict[str, Any]:
     path = root / LOCK
     if not path.is_file():
         raise VerifyError(f"{path}: no such file: `dvc repro` records a run there first")
-    stages = (yaml.safe_load(path.read_text()) or {}).get("stages")
+    # libyaml's loader where PyYAML has it: a whole pipeline's lock is thousands of lines
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    stages = (yaml.load(path.read_text(), Loader=loader) or {}).get("stages")
     if not isinstance(stages, dict) or not stages:
         raise VerifyError(f"{path}: records no stage")
     return stages
@@ -218,15 +221,16 @@ def restore_recorded(scratch: Path, root: Path) -> None:
         )
 
 
-def changed_inputs(scratch: Path, stage: str) -> list[str]:
-    """The stage's deps (code, params, data) that are not what dvc.lock recorded."""
-    done = dvc(["status", "--json", stage], scratch)
+def changed_inputs(scratch: Path) -> dict[str, list[str]]:
+    """Each stage's deps (code, params, data) that are not what dvc.lock recorded, by stage,
+    with the recorded outputs checked out: one `dvc status` for every stage."""
+    done = dvc(["status", "--json"], scratch)
     status = json.loads(done.stdout or "{}") if done.returncode == 0 else {}
-    changed = []
-    for entry in status.get(stage, []):
-        if isinstance(entry, dict):
-            changed += [str(path) for path in entry.get("changed deps", {})]
-    return changed
+    return {
+        stage: [str(path) for entry in entries if isinstance(entry, dict)
+                for path in entry.get("changed deps", {})]
+        for stage, entries in status.items()
+    }  # fmt: skip
 
 
 def replay(
@@ -238,15 +242,19 @@ def replay(
     cache = cache_dir(root)
     results = []
     with scratch_copy(root, lock, cache) as scratch:
+        changed_by_stage = changed_inputs(scratch)
+        recorded_state = True  # the scratch copy holds the recorded outputs
         for stage in stages:
             progress(stage)
-            restore_recorded(scratch, root)
-            changed = changed_inputs(scratch, stage)
+            changed = changed_by_stage.get(stage)
             if changed:
                 why = f"its inputs are not the recorded ones: {', '.join(changed)} changed"
                 results.append(StageReplay(stage, [], why))
                 continue
+            if not recorded_state:
+                restore_recorded(scratch, root)
             done = dvc(["repro", "--force", "--single-item", "--no-commit", stage], scratch)
+            recorded_state = False
             if done.returncode:
                 said = (done.stdout + done.stderr).strip().splitlines()
                 why = f"the replay failed: {said[-1] if said else done.returncode}"
@@ -260,4 +268,5 @@ def replay(
                 keys = [] if new == md5 else first_differing_keys(recorded, scratch / path)
                 checks.append(OutputCheck(stage, path, md5, new, keys))
             results.append(StageReplay(stage, checks))
+            recorded_state = all(check.identical for check in checks)
     return results

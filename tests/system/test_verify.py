@@ -67,6 +67,15 @@ def test_verify_replays_recorded_stages_and_names_an_output_that_differs(trained
     assert "not identical to dvc.lock's record: rm" in differs.stderr
     assert metrics.read_text() == changed
 
+    # inputs that are not the recorded ones: named, not replayed
+    params = project / "params.yaml"
+    params.write_text(params.read_text().replace("lr: 0.002", "lr: 0.003"))
+    stale = verify(project, "rm")
+    assert stale.returncode == 1
+    assert stale.stdout.splitlines() == [
+        "rm: NOT REPLAYED: its inputs are not the recorded ones: params.yaml changed"
+    ]
+
     unknown = verify(project, "rl@nope")
     assert unknown.returncode == 2 and "dvc.lock records no stage rl@nope; it records prepare" in (
         unknown.stderr
