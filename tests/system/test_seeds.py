@@ -2,9 +2,11 @@
 `rlhf compare` reads every experiment's numbers against that spread."""
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,7 +16,7 @@ from rlhf.eval.seeds import NOISE_STDS, Spread, compared_numbers, params_changed
 from rlhf.project import experiments
 from rlhf.project.experiments import RecordedRun
 
-from conftest import clean_env, sh
+from conftest import REPO, clean_env, sh, stages_ran
 
 
 def test_a_spread_is_the_seeds_mean_and_sample_deviation_and_flags_what_leaves_it():
@@ -106,6 +108,19 @@ def test_with_one_seed_compare_says_there_is_no_spread_and_marks_nothing(monkeyp
     assert compared["experiments"]["strong-kl"]["within_noise"] == {}
 
 
+TERMINAL = clean_env() | {"COLUMNS": "120"}  # the width the README's tables must fit
+
+
+def readme_exp_show() -> list[str]:
+    """The README's `dvc exp show` recipe, as a user copies it."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    return shlex.split(next(ln for ln in lines if ln.startswith("dvc exp show ")), comments=True)
+
+
+def width(shown: str) -> int:
+    return max(len(line) for line in shown.splitlines())
+
+
 @pytest.mark.slow
 def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     """The README's order on the tiny pipeline: another seed (the trained one is at 7, then 8
@@ -113,7 +128,7 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     kl_coef experiment with `--temp`, `rlhf compare`: the comparison has the seeds' spread
     and reads the experiment against it; the workspace's files stay as they were. The same
     change left in the workspace (`dvc exp apply`, as a run without `--temp` leaves it) is
-    read against the same spread."""
+    read against the same spread, and DVC's own views show it (`assert_dvc_views_show`)."""
     project = tmp_path / "p"
     shutil.copytree(trained_project, project, ignore=shutil.ignore_patterns("__pycache__"))
     sh(["git", "add", "-A"], project)
@@ -123,7 +138,8 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
         [*rlhf, "seeds", "8"], cwd=project, env=clean_env(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    sh(["dvc", "exp", "run", "--temp", "-n", "strong-kl", "-S", "ppo.kl_coef=0.5"], project)
+    ran = sh(["dvc", "exp", "run", "--temp", "-n", "no-kl", "-S", "ppo.kl_coef=0.0"], project)
+    assert stages_ran(ran) == {"rl@ppo", "evaluate"}  # an algorithm's params: it, and evaluate
     compared = json.loads(sh([*rlhf, "compare", "--json"], project))
 
     assert sorted(compared["seeds"]) == ["7", "8"]
@@ -131,8 +147,8 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     assert spread["seeds"] == 2 and spread["std"] > 0 and spread["low"] < spread["high"]
     wins = [numbers["eval/ppo:win"] for numbers in compared["seeds"].values()]
     assert spread["mean"] == pytest.approx(sum(wins) / 2)
-    experiment = compared["experiments"]["strong-kl"]
-    assert experiment["changes"] == ["ppo.kl_coef=0.5"]
+    experiment = compared["experiments"]["no-kl"]
+    assert experiment["changes"] == ["ppo.kl_coef=0.0"]
     verdicts = {  # noise: within NOISE_STDS of the seeds' standard deviation from their mean
         key: abs(experiment["numbers"][key] - seeds["mean"]) <= NOISE_STDS * seeds["std"] + 1e-9
         for key, seeds in compared["spread"].items()
@@ -141,18 +157,56 @@ def test_seeds_then_compare_on_the_tiny_config(trained_project, tmp_path):
     assert sh(["git", "status", "--porcelain"], project) == ""  # the workspace as it was
     table = sh([*rlhf, "compare"], project)  # off a terminal: tab-separated rows
     header, *rows = [line.split("\t") for line in table.splitlines()]
-    assert header[-1] == "strong-kl (ppo.kl_coef=0.5)"
+    assert header[-1] == "no-kl (ppo.kl_coef=0.0)"
     marks = {row[0]: row[-1].split(" ")[-1] for row in rows}  # each experiment cell: "0.612 ~"
     assert marks == {key: "~" if within else "!" for key, within in verdicts.items()}
 
     # the same change left in the workspace: still read against HEAD's seeds, HEAD's
     # committed run the one at seed 7
-    sh(["dvc", "exp", "apply", "strong-kl"], project)
+    sh(["dvc", "exp", "apply", "no-kl"], project)
     again = json.loads(sh([*rlhf, "compare", "--json"], project))
     assert again["seeds"] == compared["seeds"] and again["spread"] == compared["spread"]
-    assert again["experiments"]["workspace"]["changes"] == ["ppo.kl_coef=0.5"]
+    assert again["experiments"]["workspace"]["changes"] == ["ppo.kl_coef=0.0"]
     assert again["experiments"]["workspace"]["numbers"] == experiment["numbers"]
 
     typo = subprocess.run([*rlhf, "seeds", "10", "-S", "ppo.klcoef=1"], cwd=project,
                           env=clean_env(), capture_output=True, text=True)  # fmt: skip
     assert typo.returncode == 2 and "did you mean ppo.kl_coef?" in typo.stderr
+    assert_dvc_views_show(project)
+
+
+def assert_dvc_views_show(project: Path) -> None:
+    """DVC's views of the workspace's experiment show the headline numbers that moved, those
+    of the policy whose params changed (its KL to SFT, and which of its win rates over the tiny
+    config's 36 prompts change depends on the CPU's float rounding: the sampled one stayed at
+    its 4 decimals on an Intel Xeon), in a 120-column terminal: `dvc metrics show` a row per
+    file, and the README's `dvc exp show` recipe the changed param and the numbers it keeps,
+    also once every metric differs (another CPU's run)."""
+    diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
+    assert set(diff) == {"metrics/eval/ppo.json"}  # SFT's, GRPO's, DPO's and the RM's stay
+    moved = diff["metrics/eval/ppo.json"]
+    assert "kl" in moved and {"win", "win_t", "win_greedy", "win_bon"} & moved.keys()
+
+    table = sh(["dvc", "metrics", "show"], project, TERMINAL)
+    assert width(table) <= 120, table
+    assert table.splitlines()[0].split() == [
+        "Path", "acc", "gold", "gold_greedy", "kl", "loss", "win", "win_bon", "win_greedy", "win_t"
+    ]  # fmt: skip
+    rows = [line.split()[0] for line in table.splitlines()[1:]]
+    policies = [f"metrics/eval/{p}.json" for p in ("dpo", "grpo", "ppo", "sft")]
+    assert sorted(rows) == sorted(["metrics/sft.json", "metrics/rm.json", "metrics/dpo.json",
+                                   *policies])  # fmt: skip
+    recipe = readme_exp_show()
+    shown = sh([*recipe, "--no-pager"], project, TERMINAL)
+    assert "…" not in shown and width(shown) <= 120, shown
+    for column in ("ppo.kl_coef", "metrics/eval/ppo.json:win_t", "metrics/rm.json:acc"):
+        assert column in shown
+
+    for file in (project / "metrics").rglob("*.json"):  # another CPU: every number differs
+        if "details" not in file.parts:
+            numbers = json.loads(file.read_text())
+            file.write_text(json.dumps({k: v + 0.01 for k, v in numbers.items()}))
+    assert width(sh(["dvc", "metrics", "show"], project, TERMINAL)) <= 120
+    shown = sh([*recipe, "--no-pager"], project, TERMINAL)
+    assert "…" not in shown and width(shown) <= 120, shown
+    assert "ppo.kl_coef" in shown
